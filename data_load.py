@@ -1,0 +1,154 @@
+"""tf.data input pipeline over the BPE-segmented files that prepro.py writes.
+
+A batch is a pair (xs, ys):
+    xs = (x, x_seqlen, sent1):               x (N, T1) int32 = source ids + </s>, padded with 0
+    ys = (decoder_input, y, y_seqlen, sent2): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>
+sent1 and sent2 are the segmented sentences as strings (N,).
+
+Batches are planned in Python once per epoch and padded with numpy; tf.data runs the generator ahead of the
+training step (prefetch). Two batching modes:
+    sentences: batch_size sentences per batch;
+    tokens:    sentences sorted by length (ties in random order) and packed so that
+               N * max(T1, T2) <= batch_size, i.e. no batch exceeds the token budget, padding included.
+Training batches are shuffled; evaluation batches keep every line, in order.
+"""
+import numpy as np
+import tensorflow as tf
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def load_vocab(vocab_fpath):
+    """Reads a sentencepiece .vocab file (line i: "piece<TAB>score" of id i). Returns token2idx, idx2token."""
+    with open(vocab_fpath, encoding="utf-8") as f:
+        idx2token = [line.split("\t")[0] for line in f.read().splitlines()]
+    token2idx = {token: idx for idx, token in enumerate(idx2token)}
+    return token2idx, dict(enumerate(idx2token))
+
+
+def load_data(fpath1, fpath2, maxlen1=None, maxlen2=None, truncate=False):
+    """Reads two line-aligned segmented files.
+
+    maxlen1, maxlen2: length limits in pieces counting </s>; pairs over them are skipped (or truncated when
+    `truncate`). None keeps every pair, as evaluation must.
+    Returns sents1, sents2 (lists of str) and the number of pairs skipped or truncated.
+    """
+    with open(fpath1, encoding="utf-8") as f1, open(fpath2, encoding="utf-8") as f2:
+        lines1, lines2 = f1.read().split("\n"), f2.read().split("\n")
+    lines1, lines2 = lines1[:-1] if lines1[-1] == "" else lines1, lines2[:-1] if lines2[-1] == "" else lines2
+    if len(lines1) != len(lines2):
+        raise ValueError("%s has %d lines but %s has %d" % (fpath1, len(lines1), fpath2, len(lines2)))
+    if maxlen1 is None and maxlen2 is None:
+        return lines1, lines2, 0
+    sents1, sents2, over = [], [], 0
+    for sent1, sent2 in zip(lines1, lines2):
+        pieces1, pieces2 = sent1.split(), sent2.split()
+        if len(pieces1) + 1 > maxlen1 or len(pieces2) + 1 > maxlen2:
+            over += 1
+            if not truncate:
+                continue
+            sent1, sent2 = " ".join(pieces1[:maxlen1 - 1]), " ".join(pieces2[:maxlen2 - 1])
+        sents1.append(sent1)
+        sents2.append(sent2)
+    return sents1, sents2, over
+
+
+def encode(inp, type, dict):
+    """Segmented sentence -> ids. type "x": pieces + </s>; "y": <s> + pieces + </s>. Unknown pieces map to <unk>."""
+    ids = [dict.get(piece, UNK_ID) for piece in inp.split()]
+    return ids + [EOS_ID] if type == "x" else [BOS_ID] + ids + [EOS_ID]
+
+
+def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None):
+    """Groups example indices into batches.
+
+    lengths1, lengths2: (n,) sequence lengths of x and y. rng: a numpy RandomState to shuffle with (training),
+    or None to keep the order (evaluation). Returns a list of index arrays.
+    """
+    n = len(lengths1)
+    if batch_type == "sentences":
+        order = rng.permutation(n) if rng is not None else np.arange(n)
+        return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+    longest = np.maximum(lengths1, lengths2)
+    if longest.max(initial=0) > batch_size:
+        raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise --batch_size "
+                         "or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
+    ties = rng.permutation(n) if rng is not None else np.arange(n)
+    order = ties[np.lexsort((lengths1[ties], lengths2[ties]))] if rng is not None else np.arange(n)
+    batches, start, width = [], 0, 0
+    for end, idx in enumerate(order):
+        width = max(width, longest[idx])
+        if (end + 1 - start) * width > batch_size:
+            batches.append(order[start:end])
+            start, width = end, longest[idx]
+    if start < n:
+        batches.append(order[start:])
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+def pad(sequences):
+    """List of int lists -> (N, T) int32 array padded with 0, and the lengths (N,)."""
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    array = np.zeros([len(sequences), lengths.max(initial=1)], np.int32)
+    for row, seq in zip(array, sequences):
+        row[:len(seq)] = seq
+    return array, lengths
+
+
+def generator_fn(sents1, sents2, vocab_fpath, batch_size=64, batch_type="sentences", seed=None):
+    """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays, and num_batches(epoch).
+
+    seed: shuffle with numpy RandomState(seed + epoch), so a resumed run replays the same epoch;
+    None keeps the order.
+    """
+    token2idx, _ = load_vocab(vocab_fpath)
+    xs_ids = [encode(s, "x", token2idx) for s in sents1]
+    ys_ids = [encode(s, "y", token2idx) for s in sents2]
+    lengths1 = np.array([len(x) for x in xs_ids])
+    lengths2 = np.array([len(y) - 1 for y in ys_ids])
+    sents1, sents2 = np.array(sents1, dtype=object), np.array(sents2, dtype=object)
+
+    def plan(epoch):
+        rng = np.random.RandomState(seed + int(epoch)) if seed is not None else None
+        return plan_batches(lengths1, lengths2, batch_size, batch_type, rng)
+
+    def generate(epoch=0):
+        for batch in plan(epoch):
+            x, x_seqlen = pad([xs_ids[i] for i in batch])
+            decoder_input, y_seqlen = pad([ys_ids[i][:-1] for i in batch])
+            y, _ = pad([ys_ids[i][1:] for i in batch])
+            yield (x, x_seqlen, sents1[batch].astype(str)), (decoder_input, y, y_seqlen, sents2[batch].astype(str))
+
+    return generate, lambda epoch=0: len(plan(epoch))
+
+
+def input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle=False, batch_type="sentences", seed=0,
+             epoch=0, skip=0):
+    """tf.data.Dataset of padded batches (xs, ys), and num_batches(epoch).
+
+    epoch, skip: int32 scalars or tensors (e.g. placeholders fed when the iterator is initialized): which
+    epoch's shuffle to replay, and how many of its batches to skip (to resume in the middle of an epoch).
+    """
+    generate, num_batches = generator_fn(sents1, sents2, vocab_fpath, batch_size, batch_type,
+                                         seed if shuffle else None)
+    ids, lengths, strings = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
+                             tf.TensorSpec([None], tf.string))
+    dataset = tf.data.Dataset.from_generator(
+        generate, args=(epoch,), output_signature=((ids, lengths, strings), (ids, ids, lengths, strings)))
+    return dataset.skip(tf.cast(skip, tf.int64)).prefetch(4), num_batches
+
+
+def get_batch(fpath1, fpath2, maxlen1, maxlen2, vocab_fpath, batch_size, shuffle=False, batch_type="sentences",
+              seed=0, truncate=False, epoch=0, skip=0):
+    """Dataset over two segmented files. Training passes shuffle=True and length limits; evaluation passes
+    maxlen1 = maxlen2 = None so that every line is kept, in order.
+
+    Returns batches (tf.data.Dataset), num_batches(epoch), num_samples, and the count of pairs skipped
+    (or truncated) for length. epoch and skip: see input_fn.
+    """
+    sents1, sents2, over = load_data(fpath1, fpath2, maxlen1, maxlen2, truncate)
+    batches, num_batches = input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle, batch_type, seed,
+                                    epoch, skip)
+    return batches, num_batches, len(sents1), over

@@ -1,0 +1,379 @@
+"""The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
+
+    model = Transformer(hp)                       # hp: namespace with vocab_size, d_model, d_ff, num_blocks, ...
+    loss, train_op, global_step, summaries = model.train(xs, ys)
+    ids, summaries = model.eval(xs, ys)           # greedy (or beam, hp.beam_size) with a decoding cache
+
+xs = (x, x_seqlen, sent1): x (N, T1) int32 source ids ending in </s>, padded with 0.
+ys = (decoder_input, y, y_seqlen, sent2): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
+
+Variable names (stable across versions, so checkpoints restore; see README):
+  shared_weight_matrix/weight_mat                                  (V, d_model) embeddings = output projection
+  encoder/num_blocks_{i}/multihead_attention/{q,k,v,o}/{kernel,bias}, .../ln/{gamma,beta}
+  encoder/num_blocks_{i}/positionwise_feedforward/{inner,outer}/{kernel,bias}, .../ln/{gamma,beta}
+  decoder/num_blocks_{i}/{self_attention,vanilla_attention,positionwise_feedforward}/...
+  {encoder,decoder}/final_ln/{gamma,beta}                          (norm_type pre only)
+"""
+import tensorflow as tf
+
+from modules import (attention_heads, dense, dropout, ff, get_token_embeddings, ln, multihead_attention,
+                     noam_scheme, positional_encoding, smoothed_cross_entropy, sublayer_input, sublayer_output)
+
+tf1 = tf.compat.v1
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+#: Stands in for log(0) in decoding: finite, so sums and differences never turn into NaN.
+NEG_INF = -1e9
+
+
+def length_penalty(length, alpha):
+    """((5 + length) / 6) ^ alpha (Wu et al., 2016, Section 7). length: tensor of any shape; returns float32."""
+    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+class Transformer:
+    """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
+
+    def __init__(self, hp):
+        self.hp = hp
+        self.embeddings = get_token_embeddings(hp.vocab_size, hp.d_model, zero_pad=True)  # (V, d_model)
+
+    # ---------------------------------------------------------------- encoder and decoder stacks
+    def _embed(self, ids, training, start=0):
+        """ids: (N, T) int32. Returns embeddings * sqrt(d_model) + positional encoding, (N, T, d_model)."""
+        outputs = tf.nn.embedding_lookup(self.embeddings, ids) * self.hp.d_model ** 0.5
+        outputs += positional_encoding(outputs, start)
+        return dropout(outputs, self.hp.dropout_rate, training)
+
+    def _final_ln(self, outputs):
+        """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones are normalized already."""
+        return ln(outputs, scope="final_ln") if self.hp.norm_type == "pre" else outputs
+
+    def encode(self, xs, training=True):
+        """xs: (x (N, T1), x_seqlen (N,), sent1 (N,)).
+
+        Returns memory (N, T1, d_model) and src_masks (N, T1) bool, True at padding.
+        """
+        hp = self.hp
+        x = xs[0]
+        src_masks = tf.equal(x, PAD_ID)
+        with tf1.variable_scope("encoder", reuse=tf1.AUTO_REUSE):
+            enc = self._embed(x, training)
+            for i in range(hp.num_blocks):
+                with tf1.variable_scope("num_blocks_{}".format(i)):
+                    enc, _ = multihead_attention(enc, None, None, src_masks, hp.num_heads, hp.dropout_rate,
+                                                 training, scope="multihead_attention", norm_type=hp.norm_type)
+                    enc = ff(enc, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
+                             norm_type=hp.norm_type)
+            memory = self._final_ln(enc)
+        return memory, src_masks
+
+    def _decoder_stack(self, decoder_input, memory, src_masks, training):
+        """decoder_input: (N, T2) ids. memory: (N, T1, d_model). src_masks: (N, T1).
+
+        Returns decoder outputs (N, T2, d_model) and the last block's cross-attention (N, h, T2, T1).
+        The causal mask alone hides target padding: it only ever follows the real tokens.
+        """
+        hp = self.hp
+        with tf1.variable_scope("decoder", reuse=tf1.AUTO_REUSE):
+            dec = self._embed(decoder_input, training)
+            for i in range(hp.num_blocks):
+                with tf1.variable_scope("num_blocks_{}".format(i)):
+                    dec, _ = multihead_attention(dec, None, None, None, hp.num_heads, hp.dropout_rate, training,
+                                                 causality=True, scope="self_attention", norm_type=hp.norm_type)
+                    dec, attention = multihead_attention(dec, memory, memory, src_masks, hp.num_heads,
+                                                         hp.dropout_rate, training, scope="vanilla_attention",
+                                                         norm_type=hp.norm_type)
+                    dec = ff(dec, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
+                             norm_type=hp.norm_type)
+            return self._final_ln(dec), attention
+
+    def _logits(self, dec):
+        """dec: (N, T, d_model). Returns (N, T, V): the output projection is the transposed embedding matrix."""
+        logits = tf.matmul(tf.reshape(dec, [-1, self.hp.d_model]), self.embeddings, transpose_b=True)  # (N*T, V)
+        return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
+
+    def decode(self, ys, memory, src_masks, training=True):
+        """ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,), sent2 (N,)). memory: (N, T1, d_model).
+
+        Returns logits (N, T2, V), greedy ids y_hat (N, T2), y, sent2, and the last block's
+        cross-attention (N, h, T2, T1).
+        """
+        decoder_input, y, _, sents2 = ys
+        dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training)
+        logits = self._logits(dec)
+        y_hat = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
+        return logits, y_hat, y, sents2, attention
+
+    # ---------------------------------------------------------------- training
+    def train(self, xs, ys):
+        """Returns loss (label-smoothed cross entropy per non-pad target token), train_op, global_step, summaries."""
+        hp = self.hp
+        memory, src_masks = self.encode(xs)
+        logits, _, y, _, attention = self.decode(ys, memory, src_masks)
+        nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)  # (N, T2)
+        token_losses = smoothed_cross_entropy(tf.cast(logits, tf.float32), y, hp.smoothing)  # (N, T2)
+        loss = tf.reduce_sum(token_losses * nonpadding) / (tf.reduce_sum(nonpadding) + 1e-7)
+
+        global_step = tf1.train.get_or_create_global_step()
+        lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
+        optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
+        grads_and_vars = optimizer.compute_gradients(loss)
+        grad_norm = tf.linalg.global_norm([g for g, _ in grads_and_vars])
+        train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+
+        summaries = tf1.summary.merge([
+            tf1.summary.scalar("loss", loss),
+            tf1.summary.scalar("lr", lr),
+            tf1.summary.scalar("grad_norm", grad_norm),
+            tf1.summary.image("attention", attention_image(attention)),
+        ])
+        return loss, train_op, global_step, summaries
+
+    # ---------------------------------------------------------------- decoding
+    def _project_memory(self, memory):
+        """Cross-attention keys and values of every decoder block, computed once per sentence.
+
+        memory: (B, T1, d_model). Returns a list of num_blocks pairs (K, V), each (B, T1, d_model).
+        """
+        projections = []
+        with tf1.variable_scope("decoder", reuse=True):
+            for i in range(self.hp.num_blocks):
+                with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
+                    projections.append((dense(memory, self.hp.d_model, scope="k"),
+                                        dense(memory, self.hp.d_model, scope="v")))
+        return projections
+
+    def _cached_attention(self, queries, K, V, key_masks, scope):
+        """multihead_attention for queries whose keys and values are already projected.
+
+        queries: (B, 1, d_model). K, V: (B, T_k, d_model). Returns (B, 1, d_model), attention (B, h, 1, T_k).
+        """
+        hp = self.hp
+        with tf1.variable_scope(scope, reuse=True):
+            x = sublayer_input(queries, hp.norm_type)
+            Q = dense(x, hp.d_model, scope="q")
+            outputs, attention = attention_heads(Q, K, V, key_masks, hp.num_heads, training=False)
+            outputs = dense(outputs, hp.d_model, scope="o")
+            return sublayer_output(queries, outputs, hp.norm_type, 0.0, False), attention
+
+    def _cached_step(self, tokens, step, cache, memory_kv, src_masks):
+        """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
+
+        tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
+        cache: list of num_blocks pairs (K, V), each (B, step, d_model), the self-attention projections so far.
+        memory_kv: list of num_blocks pairs (K, V), each (B, T1, d_model). src_masks: (B, T1).
+        Returns logits (B, V) and the cache with this position appended, each (B, step+1, d_model).
+        """
+        hp = self.hp
+        new_cache = []
+        with tf1.variable_scope("decoder", reuse=True):
+            dec = self._embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
+            for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
+                with tf1.variable_scope("num_blocks_{}".format(i)):
+                    with tf1.variable_scope("self_attention", reuse=True):
+                        x = sublayer_input(dec, hp.norm_type)
+                        K = tf.concat([K, dense(x, hp.d_model, scope="k")], axis=1)  # (B, step+1, d_model)
+                        V = tf.concat([V, dense(x, hp.d_model, scope="v")], axis=1)
+                    new_cache.append((K, V))
+                    dec, _ = self._cached_attention(dec, K, V, None, "self_attention")
+                    dec, _ = self._cached_attention(dec, mem_K, mem_V, src_masks, "vanilla_attention")
+                    dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type)
+            dec = self._final_ln(dec)
+        return self._logits(dec)[:, 0, :], new_cache
+
+    def _cached_decoder(self, memory, src_masks):
+        """Step function and initial state for decoding with a cache. memory: (B, T1, d_model)."""
+        memory_kv = self._project_memory(memory)
+        empty = tf.zeros([tf.shape(memory)[0], 0, self.hp.d_model])  # (B, 0, d_model)
+        cache = [(empty, empty) for _ in range(self.hp.num_blocks)]
+
+        def step_fn(tokens, step, state):
+            return self._cached_step(tokens, step, state, memory_kv, src_masks)
+        return step_fn, cache
+
+    def _uncached_decoder(self, memory, src_masks):
+        """Step function and initial state that re-run the whole decoder on the prefix (reference path)."""
+        prefix = tf.fill([tf.shape(memory)[0], 1], BOS_ID)  # (B, 1)
+
+        def step_fn(tokens, step, state):
+            del tokens, step  # the prefix state already ends with the previous token
+            dec, _ = self._decoder_stack(state, memory, src_masks, training=False)
+            return self._logits(dec)[:, -1, :], state
+
+        def append(state, tokens):
+            return tf.concat([state, tokens[:, None]], axis=1)  # (B, t+2)
+        return step_fn, prefix, append
+
+    def translate(self, xs, beam_size=1, alpha=0.6, max_len_a=1.5, max_len_b=10, cached=True):
+        """Translates a batch inside one tf.while_loop.
+
+        xs: (x (N, T1), x_seqlen (N,), sent1). At most max_len_a * source_length + max_len_b steps per sentence.
+        beam_size 1 is greedy decoding. cached False re-runs the full decoder per step (greedy only; for tests).
+        Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
+        """
+        x, x_seqlen = xs[0], xs[1]
+        memory, src_masks = self.encode(xs, training=False)
+        src_len = tf.cast(x_seqlen - 1, tf.float32)  # without </s>
+        max_steps = tf.cast(tf.math.ceil(max_len_a * src_len), tf.int32) + max_len_b  # (N,)
+        if beam_size == 1:
+            if cached:
+                step_fn, state = self._cached_decoder(memory, src_masks)
+                append = None
+            else:
+                step_fn, state, append = self._uncached_decoder(memory, src_masks)
+            return greedy_search(step_fn, state, max_steps, alpha, append)
+        if not cached:
+            raise ValueError("beam search always decodes with the cache")
+        ids, scores = self.beam_search(memory, src_masks, max_steps, beam_size, alpha)
+        return ids[:, 0, :], scores[:, 0]
+
+    def beam_search(self, memory, src_masks, max_steps, beam_size, alpha):
+        """Beam search with the decoding cache. memory: (N, T1, d_model). src_masks: (N, T1). max_steps: (N,).
+
+        Returns the n-best ids (N, K, T) and scores (N, K), best first.
+        """
+        tiled_memory = tile_beams(memory, beam_size)  # (N*K, T1, d_model)
+        tiled_masks = tile_beams(src_masks, beam_size)
+        step_fn, state = self._cached_decoder(tiled_memory, tiled_masks)
+        return beam_search(step_fn, state, max_steps, beam_size, alpha)
+
+    def score(self, xs, ids, alpha=0.6):
+        """Teacher-forced model score of given translations, the quantity beam search maximizes.
+
+        ids: (N, T) ending in </s> then 0s. Returns (N,) log p(ids | x) / length_penalty(len, alpha).
+        """
+        memory, src_masks = self.encode(xs, training=False)
+        decoder_input = tf.concat([tf.fill([tf.shape(ids)[0], 1], BOS_ID), ids[:, :-1]], axis=1)  # (N, T)
+        dec, _ = self._decoder_stack(decoder_input, memory, src_masks, training=False)
+        log_probs = decoding_log_probs(self._logits(dec))  # (N, T, V)
+        token_log_probs = tf.gather(log_probs, ids, batch_dims=2)  # (N, T)
+        nonpadding = tf.cast(tf.not_equal(ids, PAD_ID), tf.float32)
+        lengths = tf.reduce_sum(nonpadding, axis=1)
+        return tf.reduce_sum(token_log_probs * nonpadding, axis=1) / length_penalty(lengths, alpha)
+
+    def attention(self, xs, ids):
+        """Cross-attention of the last decoder block for given translations ids (N, T): (N, h, T, T1)."""
+        memory, src_masks = self.encode(xs, training=False)
+        decoder_input = tf.concat([tf.fill([tf.shape(ids)[0], 1], BOS_ID), ids[:, :-1]], axis=1)
+        _, attention = self._decoder_stack(decoder_input, memory, src_masks, training=False)
+        return attention
+
+    def eval(self, xs, ys):
+        """Translations of a batch with hp's decoding settings: ids (N, T), and an attention image summary."""
+        del ys  # references are scored as text, outside the graph
+        hp = self.hp
+        ids, _ = self.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+        summaries = tf1.summary.image("eval_attention", attention_image(self.attention(xs, ids)))
+        return ids, summaries
+
+
+def attention_image(attention):
+    """attention: (N, h, T2, T1). Returns (1, T2, T1, 1): the first sentence's first head, for tf.summary.image."""
+    return attention[:1, 0, :, :, None]
+
+
+def decoding_log_probs(logits):
+    """log_softmax over the vocabulary with <pad> and <s> made impossible outputs. logits: (..., V)."""
+    vocab_size = logits.shape[-1]
+    banned = tf.one_hot([PAD_ID, BOS_ID], vocab_size, on_value=True, off_value=False)
+    banned = tf.reduce_any(banned, axis=0)  # (V,)
+    return tf.where(banned, tf.cast(NEG_INF, tf.float32), tf.nn.log_softmax(tf.cast(logits, tf.float32)))
+
+
+def force_eos(log_probs, must_end):
+    """Leaves only </s> possible where must_end. log_probs: (B, V) or (N, K, V); must_end: (B,) or (N,) bool."""
+    is_eos = tf.equal(tf.range(log_probs.shape[-1]), EOS_ID)  # (V,)
+    must_end = tf.reshape(must_end, [-1] + [1] * (len(log_probs.shape) - 1))
+    return tf.where(tf.logical_and(must_end, tf.logical_not(is_eos)), tf.cast(NEG_INF, log_probs.dtype), log_probs)
+
+
+def tile_beams(tensor, beam_size):
+    """(N, ...) -> (N*K, ...), each sentence repeated K times in a row."""
+    tiled = tf.repeat(tensor[:, None], beam_size, axis=1)  # (N, K, ...)
+    return tf.reshape(tiled, tf.concat([[-1], tf.shape(tensor)[1:]], 0))
+
+
+def _state_invariants(state):
+    """Shape invariants of decoder states (B, t, ...): batch and time may change, the rest is static."""
+    return tf.nest.map_structure(lambda s: tf.TensorShape([None, None] + s.shape.as_list()[2:]), state)
+
+
+def greedy_search(step_fn, state, max_steps, alpha, append=None):
+    """Greedy decoding in one tf.while_loop that stops once every sentence has emitted </s>.
+
+    step_fn(tokens (N,), step, state) -> logits (N, V), new state. append(state, tokens) -> state, if the
+    state must also record the chosen tokens (the uncached decoder). max_steps: (N,) int32.
+    Returns ids (N, T) ending in </s> then 0s, and scores (N,) = sum log p / length_penalty(len, alpha).
+    """
+    n_batch = tf.shape(max_steps)[0]
+
+    def body(step, tokens, ids, log_prob, finished, state):
+        logits, state = step_fn(tokens, step, state)
+        log_probs = force_eos(decoding_log_probs(logits), step + 1 >= max_steps)  # (N, V)
+        tokens = tf.cast(tf.argmax(log_probs, axis=-1), tf.int32)
+        tokens = tf.where(finished, PAD_ID, tokens)
+        log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
+        if append is not None:
+            state = append(state, tokens)
+        return (step + 1, tokens, tf.concat([ids, tokens[:, None]], 1), log_prob,
+                tf.logical_or(finished, tf.equal(tokens, EOS_ID)), state)
+
+    def cond(step, tokens, ids, log_prob, finished, state):
+        return tf.logical_not(tf.reduce_all(finished))
+
+    loop_vars = (tf.constant(0), tf.fill([n_batch], BOS_ID), tf.zeros([n_batch, 0], tf.int32),
+                 tf.zeros([n_batch]), tf.zeros([n_batch], tf.bool), state)
+    invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None, None]), tf.TensorShape([None]),
+                  tf.TensorShape([None]), _state_invariants(state))
+    _, _, ids, log_prob, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, PAD_ID), tf.float32), axis=1)
+    return ids, log_prob / length_penalty(lengths, alpha)
+
+
+def beam_search(step_fn, state, max_steps, beam_size, alpha):
+    """Beam search in one tf.while_loop; finished hypotheses are kept apart from the live ones.
+
+    step_fn(tokens (N*K,), step, state) -> logits (N*K, V), new state; every state tensor is (N*K, ...).
+    max_steps: (N,) int32. Each step extends the K live hypotheses of a sentence by every token and keeps the
+    2K best extensions: those ending in </s> compete (score = log p / length_penalty) for the K finished slots,
+    the others for the K live slots. A sentence is done when its best finished score beats the best score any
+    live hypothesis could still reach, or at max_steps (where only </s> is allowed).
+    Returns ids (N, K, T) and scores (N, K), best first.
+    """
+    n_batch, K = tf.shape(max_steps)[0], beam_size
+    batch_pos = tf.range(n_batch)[:, None]  # (N, 1)
+
+    def body(step, alive_ids, alive_log_probs, finished_ids, finished_scores, state):
+        logits, state = step_fn(tf.reshape(alive_ids[:, :, -1], [-1]), step, state)
+        log_probs = decoding_log_probs(logits)
+        vocab_size = log_probs.shape[-1]
+        log_probs = force_eos(tf.reshape(log_probs, [n_batch, K, vocab_size]), step + 1 >= max_steps)
+        candidates = tf.reshape(alive_log_probs[:, :, None] + log_probs, [n_batch, K * vocab_size])
+        top_log_probs, top_index = tf.math.top_k(candidates, 2 * K)  # (N, 2K)
+        origin, tokens = top_index // vocab_size, top_index % vocab_size
+        top_ids = tf.concat([tf.gather(alive_ids, origin, batch_dims=1), tokens[:, :, None]], 2)  # (N, 2K, t+2)
+        ends = tf.equal(tokens, EOS_ID)
+
+        live_scores, live = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), K)  # (N, K)
+        alive_ids = tf.gather(top_ids, live, batch_dims=1)
+        state = tf.nest.map_structure(
+            lambda s: tf.gather(s, tf.reshape(tf.gather(origin, live, batch_dims=1) + batch_pos * K, [-1])), state)
+
+        ended_scores = tf.where(ends, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
+        pool_ids = tf.concat([tf.pad(finished_ids, [[0, 0], [0, 0], [0, 1]]), top_ids[:, :, 1:]], 1)  # (N, 3K, t+1)
+        finished_scores, best = tf.math.top_k(tf.concat([finished_scores, ended_scores], 1), K)
+        return step + 1, alive_ids, live_scores, tf.gather(pool_ids, best, batch_dims=1), finished_scores, state
+
+    def cond(step, alive_ids, alive_log_probs, finished_ids, finished_scores, state):
+        best_reachable = alive_log_probs[:, 0] / length_penalty(max_steps, alpha)  # (N,)
+        done = tf.logical_or(step >= max_steps, finished_scores[:, 0] >= best_reachable)
+        return tf.logical_not(tf.reduce_all(done))
+
+    first_live = tf.concat([tf.zeros([n_batch, 1]), tf.fill([n_batch, K - 1], NEG_INF)], 1)  # one live start
+    loop_vars = (tf.constant(0), tf.fill([n_batch, K, 1], BOS_ID), first_live,
+                 tf.zeros([n_batch, K, 0], tf.int32), tf.fill([n_batch, K], NEG_INF), state)
+    invariants = (tf.TensorShape([]), tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]),
+                  tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]), _state_invariants(state))
+    _, _, _, finished_ids, finished_scores, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    return finished_ids, finished_scores

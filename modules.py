@@ -1,0 +1,234 @@
+"""Building blocks of the Transformer (Vaswani et al., 2017, "Attention Is All You Need") as pure graph functions.
+
+Every function takes tensors and returns tensors; variables are created with `tf.compat.v1.get_variable`
+under the given scope and reused on a second call in the same scope (AUTO_REUSE), so the training, evaluation
+and decoding graphs share one set of weights. Nothing here writes summaries, touches files or keeps globals.
+
+Shapes: N batch, T_q / T_k query / key lengths, d_model hidden size, h heads, V vocabulary size.
+"""
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+#: Logit given to masked attention positions: exp() of it is 0 in fp32 and bf16.
+MASKED_LOGIT = -1e9
+
+
+def dense(inputs, units, use_bias=True, scope="dense"):
+    """Affine map of the last axis (Keras 3 removed tf.compat.v1.layers.dense; this replaces it).
+
+    inputs: (..., d_in). Returns (..., units). Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
+    """
+    d_in = inputs.shape[-1]
+    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
+        kernel = tf1.get_variable("kernel", [d_in, units], initializer=tf1.glorot_uniform_initializer())
+        outputs = tf.matmul(tf.reshape(inputs, [-1, d_in]), kernel)  # (N*T, units)
+        if use_bias:
+            outputs += tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
+    return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
+
+
+def dropout(inputs, rate, training):
+    """Inverted dropout (Section 5.4), active only when `training` (a Python bool) is True and rate > 0.
+
+    inputs: any shape. Returns the same shape.
+    """
+    if not training or rate == 0:
+        return inputs
+    return tf.nn.dropout(inputs, rate=rate)
+
+
+def ln(inputs, epsilon=1e-6, scope="ln"):
+    """Layer normalization (Ba et al., 2016) over the last axis, with learned gain `gamma` and bias `beta`.
+
+    inputs: (..., d_model). Returns (..., d_model).
+    """
+    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
+        d_model = inputs.shape[-1]
+        gamma = tf1.get_variable("gamma", [d_model], initializer=tf1.ones_initializer())
+        beta = tf1.get_variable("beta", [d_model], initializer=tf1.zeros_initializer())
+        mean, variance = tf.nn.moments(inputs, [-1], keepdims=True)  # (..., 1) each
+        normalized = (inputs - mean) * tf.math.rsqrt(variance + epsilon)
+        return gamma * normalized + beta
+
+
+def get_token_embeddings(vocab_size, num_units, zero_pad=True):
+    """The shared token embedding matrix (Section 3.4), variable `shared_weight_matrix/weight_mat`.
+
+    vocab_size: V. num_units: d_model. zero_pad: if True, row 0 (the id of <pad>) is a constant zero vector.
+    Returns (V, d_model), initialized from N(0, d_model^-0.5) so that embeddings * sqrt(d_model) have unit scale.
+    """
+    with tf1.variable_scope("shared_weight_matrix", reuse=tf1.AUTO_REUSE):
+        embeddings = tf1.get_variable(
+            "weight_mat", [vocab_size, num_units],
+            initializer=tf1.random_normal_initializer(0.0, num_units ** -0.5))
+        if zero_pad:
+            embeddings = tf.concat([tf.zeros([1, num_units]), embeddings[1:, :]], 0)
+    return embeddings
+
+
+def mask(inputs, key_masks=None, type=None):
+    """Masks attention logits (Section 3.2.3).
+
+    inputs: (h*N, T_q, T_k) logits, heads stacked head-major on the first axis.
+    key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)).
+    type: "key" gives padded keys MASKED_LOGIT; "future" gives keys later than the query MASKED_LOGIT.
+    Returns (h*N, T_q, T_k).
+    """
+    if type == "key":
+        heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
+        key_masks = tf.tile(key_masks, [heads, 1])  # (h*N, T_k)
+        return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
+    if type == "future":
+        allowed = tf.linalg.band_part(tf.ones_like(inputs[0, :, :]), -1, 0) > 0  # (T_q, T_k): key <= query
+        return tf.where(allowed[None, :, :], inputs, tf.cast(MASKED_LOGIT, inputs.dtype))
+    raise ValueError("mask type must be 'key' or 'future', got %r" % (type,))
+
+
+def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True):
+    """softmax(Q K^T / sqrt(d_k)) V (Section 3.2.1).
+
+    Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v).
+    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), or None.
+    causality: if True, query t attends only to keys <= t.
+    Returns outputs (N, T_q, d_v) and attention weights (N, T_q, T_k).
+    """
+    d_k = Q.shape[-1]
+    logits = tf.matmul(Q, K, transpose_b=True) * (float(d_k) ** -0.5)  # (N, T_q, T_k)
+    if key_masks is not None:
+        logits = mask(logits, key_masks, type="key")
+    if causality:
+        logits = mask(logits, type="future")
+    attention = tf.nn.softmax(logits)
+    outputs = tf.matmul(dropout(attention, dropout_rate, training), V)  # (N, T_q, d_v)
+    return outputs, attention
+
+
+def split_heads(x, num_heads):
+    """(N, T, d_model) -> (h*N, T, d_model/h), heads stacked head-major on the batch axis."""
+    return tf.concat(tf.split(x, num_heads, axis=2), axis=0)
+
+
+def merge_heads(x, num_heads):
+    """(h*N, T, d_model/h) -> (N, T, d_model); the inverse of split_heads."""
+    return tf.concat(tf.split(x, num_heads, axis=0), axis=2)
+
+
+def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True):
+    """Attention of every head at once (Section 3.2.2), on projected queries, keys and values.
+
+    Q: (N, T_q, d_model). K, V: (N, T_k, d_model). key_masks: (N, T_k) bool or None.
+    Returns outputs (N, T_q, d_model) (heads concatenated, before the output projection)
+    and attention weights (N, h, T_q, T_k).
+    """
+    outputs, attention = scaled_dot_product_attention(
+        split_heads(Q, num_heads), split_heads(K, num_heads), split_heads(V, num_heads),  # (h*N, T, d_model/h)
+        key_masks, causality, dropout_rate, training)
+    n_batch, t_q, t_k = tf.shape(Q)[0], tf.shape(Q)[1], tf.shape(K)[1]
+    attention = tf.transpose(tf.reshape(attention, [num_heads, n_batch, t_q, t_k]), [1, 0, 2, 3])  # (N, h, T_q, T_k)
+    return merge_heads(outputs, num_heads), attention
+
+
+def sublayer_input(inputs, norm_type):
+    """What a sublayer sees: LN(x) for pre-layer-norm blocks, x itself for post-layer-norm (Section 5.4).
+
+    inputs: (N, T, d_model). Returns (N, T, d_model). Uses the variables of scope `ln` in the current scope.
+    """
+    return ln(inputs) if norm_type == "pre" else inputs
+
+
+def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
+    """Residual connection around a sublayer: LN(x + dropout(f)) (post) or x + dropout(f) (pre) (Section 5.4).
+
+    inputs: (N, T, d_model), the sublayer's input x. outputs: (N, T, d_model), the sublayer's f.
+    Returns (N, T, d_model).
+    """
+    residual = inputs + dropout(outputs, dropout_rate, training)
+    return ln(residual) if norm_type == "post" else residual
+
+
+def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_rate=0., training=True,
+                        causality=False, scope="multihead_attention", norm_type="post"):
+    """Multi-head attention sublayer with residual connection and layer norm (Sections 3.2.2 and 5.4).
+
+    queries: (N, T_q, d_model).
+    keys, values: (N, T_k, d_model), or None for self-attention on the queries as the sublayer sees them
+        (with norm_type "pre" that is LN(queries), so self-attention must pass None).
+    key_masks: (N, T_k) bool, True at padding; None attends to every key.
+    Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
+    Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
+    """
+    d_model = queries.shape[-1]
+    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
+        x = sublayer_input(queries, norm_type)
+        keys = x if keys is None else keys
+        values = x if values is None else values
+        Q = dense(x, d_model, scope="q")  # (N, T_q, d_model)
+        K = dense(keys, d_model, scope="k")  # (N, T_k, d_model)
+        V = dense(values, d_model, scope="v")  # (N, T_k, d_model)
+        outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
+        outputs = dense(outputs, d_model, scope="o")
+        return sublayer_output(queries, outputs, norm_type, dropout_rate, training), attention
+
+
+def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post"):
+    """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 with residual and layer norm (Section 3.3).
+
+    inputs: (N, T, d_model). num_units: [d_ff, d_model].
+    Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).
+    """
+    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
+        x = sublayer_input(inputs, norm_type)
+        hidden = tf.nn.relu(dense(x, num_units[0], scope="inner"))  # (N, T, d_ff)
+        outputs = dense(hidden, num_units[1], scope="outer")  # (N, T, d_model)
+        return sublayer_output(inputs, outputs, norm_type, dropout_rate, training)
+
+
+def positional_encoding(inputs, start=0):
+    """Sinusoidal positional encoding (Section 3.5), computed for the actual length, so any length works.
+
+    PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+    inputs: (N, T, d_model); only its length T and width are used. start: position of the first step
+    (a Python int or scalar tensor; incremental decoding passes the current step).
+    Returns (1, T, d_model), which broadcasts over the batch.
+    """
+    d_model = inputs.shape[-1]
+    length = tf.shape(inputs)[1]
+    positions = tf.cast(tf.range(length) + start, tf.float32)[:, None]  # (T, 1)
+    exponents = 2.0 * (np.arange(d_model) // 2) / d_model  # (d_model,)
+    angles = positions * tf.constant(np.power(10000.0, -exponents), tf.float32)  # (T, d_model)
+    is_even = tf.constant(np.arange(d_model) % 2 == 0)
+    return tf.where(is_even, tf.sin(angles), tf.cos(angles))[None, :, :]
+
+
+def label_smoothing(inputs, epsilon=0.1):
+    """Label smoothing (Section 5.4): (1 - epsilon) * one_hot + epsilon / V.
+
+    inputs: (..., V) one-hot rows. Returns (..., V).
+    """
+    vocab_size = tf.cast(tf.shape(inputs)[-1], inputs.dtype)
+    return (1.0 - epsilon) * inputs + epsilon / vocab_size
+
+
+def smoothed_cross_entropy(logits, labels, epsilon=0.1):
+    """Cross entropy against label_smoothing(one_hot(labels)) without building the (N, T, V) targets.
+
+    With q = (1 - epsilon) * one_hot + epsilon / V and log p = logits - logsumexp(logits):
+    -sum_v q_v log p_v = (1 - epsilon) * (-log p_label) + epsilon * (logsumexp(logits) - mean_v logits).
+    logits: (N, T, V) float32. labels: (N, T) int. Returns (N, T).
+    """
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)  # (N, T)
+    uniform = tf.reduce_logsumexp(logits, axis=-1) - tf.reduce_mean(logits, axis=-1)  # (N, T)
+    return (1.0 - epsilon) * nll + epsilon * uniform
+
+
+def noam_scheme(init_lr, global_step, warmup_steps=4000.):
+    """Learning rate of Section 5.3, scaled so that it peaks at `init_lr` at `warmup_steps`.
+
+    lr(step) = init_lr * warmup^0.5 * min(step * warmup^-1.5, step^-0.5): linear warm-up, then step^-0.5 decay.
+    global_step: scalar tensor (int or float); step 0 is treated as step 1. Returns a scalar float32 tensor.
+    """
+    step = tf.maximum(tf.cast(global_step, tf.float32), 1.0)
+    warmup_steps = float(warmup_steps)
+    return init_lr * warmup_steps ** 0.5 * tf.minimum(step * warmup_steps ** -1.5, step ** -0.5)

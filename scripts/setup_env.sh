@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root (once) and installs the pinned requirements into it.
+# Sourced by demo.sh and test.sh; afterwards $PY is the virtual environment's python.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+STAMP="$VENV/.requirements.sha256"
+WANT="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt"
+  echo "$WANT" > "$STAMP"
+fi
+PY="$VENV/bin/python"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

@@ -1,0 +1,56 @@
+"""Translates the whole test split with a trained model and reports sacreBLEU.
+
+    python test.py --logdir runs/numbers [--ckpt PATH] [--testdir DIR] [--beam_size 4]
+
+The model's shape and data dir come from LOGDIR/hparams.json. Writes TESTDIR/hypotheses.txt (one line per source
+line, in order; an empty source line gets an empty hypothesis) and TESTDIR/results.json.
+"""
+import json
+import os
+import time
+
+import sentencepiece as spm
+import tensorflow as tf
+
+from data_load import get_batch
+from model import Transformer
+from utils import (atomic_write, calc_bleu, check_vocab, find_checkpoint, get_hypotheses, load_manifest,
+                   read_lines, restore, restore_hparams, run_cli, session_config, split_paths)
+
+tf1 = tf.compat.v1
+
+
+def main(argv=None):
+    tf1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    hp = restore_hparams(argv)
+    manifest = load_manifest(hp.data_dir)
+    check_vocab(hp, manifest)
+    ckpt = find_checkpoint(hp.logdir, hp.ckpt)
+    files = split_paths(hp.data_dir, manifest, "test")
+    batches, num_batches, num_sentences, _ = get_batch(files["bpe1"], files["bpe2"], None, None,
+                                                       os.path.join(hp.data_dir, manifest["bpe_vocab"]),
+                                                       hp.test_batch_size)
+    iterator = tf1.data.make_initializable_iterator(batches)
+    xs, _ = iterator.get_next()
+    ids, _ = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+    with tf1.Session(config=session_config(hp)) as sess:
+        restore(sess, ckpt, hp.logdir)
+        start = time.time()
+        hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[2], num_batches(), sp)
+        seconds = time.time() - start
+    bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
+
+    testdir = hp.testdir or os.path.join(hp.logdir, "test")
+    atomic_write(os.path.join(testdir, "hypotheses.txt"), "".join(h + "\n" for h in hypotheses))
+    results = {"bleu": round(bleu, 2), "signature": signature, "sentences": num_sentences, "checkpoint": ckpt,
+               "beam_size": hp.beam_size, "alpha": hp.alpha, "seconds": round(seconds, 2)}
+    atomic_write(os.path.join(testdir, "results.json"), json.dumps(results, indent=2) + "\n")
+    print("BLEU = %.2f  %s  (%d sentences, %s, beam %d, %.1f s) -> %s"
+          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds, testdir))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

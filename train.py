@@ -1,0 +1,214 @@
+"""Trains a Transformer on a data dir written by prepro.py.
+
+    python train.py --data_dir data/numbers --logdir runs/numbers [flags]    (see --help)
+
+Every epoch: translate the whole dev set, compute BLEU, write summaries and a checkpoint named after the epoch,
+loss and BLEU. Started again with the same logdir, it resumes from the latest checkpoint at the same global step,
+epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first; a non-finite loss stops training
+without saving over the last good checkpoint.
+"""
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf
+from tqdm import tqdm
+
+from data_load import get_batch
+from hparams import MODEL_FLAGS, Hparams, explicit_flags
+from model import Transformer
+from utils import (UserError, atomic_write, calc_bleu, get_hypotheses, load_hparams, load_manifest, read_lines,
+                   run_cli, save_hparams, save_variable_specs, session_config, split_paths)
+
+tf1 = tf.compat.v1
+
+
+def resolve_hparams(argv):
+    """Command-line flags, or on resume the logdir's hparams.json overridden by the flags given explicitly.
+
+    The model's shape can not change on resume; vocab_size comes from the data dir's manifest.
+    """
+    hp = Hparams().parser.parse_args(argv)
+    given = explicit_flags(argv)
+    if os.path.exists(os.path.join(hp.logdir, "hparams.json")):
+        saved = vars(load_hparams(hp.logdir))
+        for flag in MODEL_FLAGS:
+            if flag in given and given[flag] != saved[flag]:
+                raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
+                                % (hp.logdir, flag, saved[flag], given[flag]))
+        saved.update(given)
+        hp = Hparams().parser.parse_args([], namespace=type(hp)(**saved))
+    manifest = load_manifest(hp.data_dir)
+    if getattr(hp, "vocab_size", manifest["vocab_size"]) != manifest["vocab_size"]:
+        raise UserError("%s was trained with vocab size %d but %s has %d: use the data dir it was trained on"
+                        % (hp.logdir, hp.vocab_size, hp.data_dir, manifest["vocab_size"]))
+    hp.vocab_size = manifest["vocab_size"]
+    if hp.d_model % hp.num_heads:
+        raise UserError("--num_heads %d must divide --d_model %d" % (hp.num_heads, hp.d_model))
+    return hp, manifest
+
+
+class StopRequest:
+    """Turns SIGINT and SIGTERM into a flag that the training loop checks after each step."""
+
+    def __init__(self):
+        self.signal = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal = signal.Signals(signum).name
+
+
+def build_graph(hp, manifest):
+    """Train and eval graphs over one iterator. Returns a dict of the ops and tensors the loop needs."""
+    tf1.set_random_seed(hp.seed)
+    vocab = os.path.join(hp.data_dir, manifest["bpe_vocab"])
+    train_files, eval_files = split_paths(hp.data_dir, manifest, "train"), split_paths(hp.data_dir, manifest, "eval")
+    epoch, skip = tf1.placeholder_with_default(0, []), tf1.placeholder_with_default(0, [])
+    train_batches, train_num_batches, num_train, num_over = get_batch(
+        train_files["bpe1"], train_files["bpe2"], hp.maxlen1, hp.maxlen2, vocab, hp.batch_size, shuffle=True,
+        batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate, epoch=epoch, skip=skip)
+    eval_batches, eval_num_batches, num_eval, _ = get_batch(
+        eval_files["bpe1"], eval_files["bpe2"], None, None, vocab, hp.test_batch_size)
+    iterator = tf1.data.Iterator.from_structure(tf1.data.get_output_types(train_batches),
+                                                tf1.data.get_output_shapes(train_batches))
+    xs, ys = iterator.get_next()
+
+    model = Transformer(hp)
+    loss, train_op, global_step, train_summaries = model.train(xs, ys)
+    eval_ids, eval_summaries = model.eval(xs, ys)
+    # [completed epochs, batches done in the current epoch], saved with the weights.
+    training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
+                                      trainable=False)
+    new_state = tf1.placeholder(tf.int64, [2])
+    return dict(
+        epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
+        eval_init=iterator.make_initializer(eval_batches), train_num_batches=train_num_batches,
+        eval_num_batches=eval_num_batches(), num_train=num_train, num_over=num_over, num_eval=num_eval,
+        xs=xs, target_tokens=tf.reduce_sum(ys[2]), loss=loss, train_op=train_op, global_step=global_step,
+        train_summaries=train_summaries, eval_ids=eval_ids, eval_summaries=eval_summaries,
+        training_state=training_state, new_state=new_state,
+        save_state=tf1.assign(training_state, new_state),
+        saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints, save_relative_paths=True))
+
+
+def restore_or_init(sess, g, logdir):
+    """Restores the latest checkpoint of logdir (returns its path) or initializes the variables (returns None)."""
+    ckpt = tf1.train.latest_checkpoint(logdir)
+    if ckpt is None:
+        sess.run(tf1.global_variables_initializer())
+        return None
+    g["saver"].restore(sess, ckpt)
+    g["saver"].recover_last_checkpoints(tf1.train.get_checkpoint_state(logdir).all_model_checkpoint_paths)
+    return ckpt
+
+
+def evaluate(sess, g, hp, sp, references, writer, step, epoch):
+    """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU."""
+    hypotheses = get_hypotheses(sess, g["eval_init"], g["eval_ids"], g["xs"][2], g["eval_num_batches"], sp,
+                                desc="dev")
+    atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
+    bleu, _ = calc_bleu(references, hypotheses)
+    sess.run(g["eval_init"])
+    writer.add_summary(sess.run(g["eval_summaries"]), step)
+    writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(tag="dev_bleu", simple_value=bleu)]), step)
+    writer.flush()
+    return bleu
+
+
+def save(sess, g, hp, epoch, epoch_step, name):
+    """Saves weights, optimizer state and [epoch, epoch_step] as logdir/name-STEP. Returns the path."""
+    sess.run(g["save_state"], {g["new_state"]: [epoch, epoch_step]})
+    return g["saver"].save(sess, os.path.join(hp.logdir, name), global_step=g["global_step"],
+                           write_meta_graph=False)
+
+
+def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop):
+    """Runs the steps of one epoch from batch epoch_step on, until its end, max_steps or a stop request.
+
+    Returns (batches done in this epoch, mean loss, target tokens/s, global step).
+    Raises FloatingPointError on a non-finite loss.
+    """
+    sess.run(g["train_init"], {g["epoch"]: epoch, g["skip"]: epoch_step})
+    total = g["train_num_batches"](epoch)
+    losses, tokens, start = [], 0, time.time()
+    step = sess.run(g["global_step"])
+    bar = tqdm(total=total, initial=epoch_step, desc="epoch %d" % (epoch + 1), disable=None, leave=False)
+    while not stop.signal and not (hp.max_steps and step >= hp.max_steps):
+        fetches = [g["train_op"], g["loss"], g["target_tokens"]]
+        if (step + 1) % 100 == 0:
+            fetches.append(g["train_summaries"])
+        try:
+            results = sess.run(fetches)
+        except tf.errors.OutOfRangeError:
+            break
+        _, loss, batch_tokens = results[:3]
+        step += 1
+        if not math.isfinite(loss):
+            raise FloatingPointError("loss is %s at step %d (epoch %d)" % (loss, step, epoch + 1))
+        if len(results) == 4:
+            writer.add_summary(results[3], step)
+        epoch_step += 1
+        losses.append(loss)
+        tokens += batch_tokens
+        bar.update(1)
+        bar.set_postfix(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
+    bar.close()
+    return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time() - start), step
+
+
+def main(argv=None):
+    tf1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    hp, manifest = resolve_hparams(argv)
+    os.makedirs(hp.logdir, exist_ok=True)
+    save_hparams(hp, hp.logdir)
+    g = build_graph(hp, manifest)
+    num_params = save_variable_specs(os.path.join(hp.logdir, "specs.txt"))
+    print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
+          % (g["num_train"], g["num_over"], "truncated" if hp.truncate else "skipped", g["num_eval"], num_params))
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+    references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
+    stop = StopRequest()
+    with tf1.Session(config=session_config(hp)) as sess:
+        last_ckpt = restore_or_init(sess, g, hp.logdir)
+        epoch, epoch_step = (int(v) for v in sess.run(g["training_state"]))
+        step = sess.run(g["global_step"])
+        if last_ckpt:
+            print("resumed from %s at step %d, epoch %d" % (last_ckpt, step, epoch + 1))
+        writer = tf1.summary.FileWriter(hp.logdir, None if last_ckpt else sess.graph)
+        while epoch < hp.num_epochs and not (hp.max_steps and step >= hp.max_steps):
+            start = time.time()
+            try:
+                epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, hp, epoch, epoch_step, writer, stop)
+            except FloatingPointError as error:
+                writer.close()
+                raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
+                                "longer --warmup_steps or --precision fp32" % (error, last_ckpt)) from None
+            if stop.signal:
+                last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
+                writer.close()
+                print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
+                return 0
+            if epoch_step >= g["train_num_batches"](epoch):
+                epoch, epoch_step = epoch + 1, 0
+            name, report = "E%02d_L%.2f" % (epoch, loss), ""
+            if epoch_step or epoch % hp.eval_every == 0 or epoch == hp.num_epochs:
+                bleu = evaluate(sess, g, hp, sp, references, writer, step, epoch)
+                name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
+            last_ckpt = save(sess, g, hp, epoch, epoch_step, name)
+            print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"
+                  % (epoch, step, loss, tokens_per_s, time.time() - start, report, os.path.basename(last_ckpt)),
+                  flush=True)
+        writer.close()
+    print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,194 @@
+"""Helpers shared by train.py, test.py and translate.py: hyperparameter files, atomic writes, turning ids into
+text, translating a whole dataset, and BLEU.
+
+BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers can be compared with).
+"""
+import json
+import math
+import os
+import sys
+import tempfile
+from argparse import Namespace
+
+import numpy as np
+import sacrebleu
+import tensorflow as tf
+from tqdm import tqdm
+
+from data_load import EOS_ID, PAD_ID
+from hparams import MODEL_FLAGS, Hparams, explicit_flags
+
+tf1 = tf.compat.v1
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad flag, missing file, mismatched logdir): reported as one line, no traceback."""
+
+
+def run_cli(main):
+    """Runs main() and exits with its code; a UserError becomes one line on stderr and exit code 2."""
+    try:
+        sys.exit(main())
+    except UserError as error:
+        print("error: %s" % error, file=sys.stderr)
+        sys.exit(2)
+
+
+def atomic_write(path, text):
+    """Writes text to path through a temporary file in the same directory and os.replace, so that a reader
+    (or a kill -9) sees either the old or the new file, never a torn one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def session_config(hp):
+    """Session settings: intra-op threads from --threads (0: every core), one inter-op thread per two cores,
+    and oneDNN's bfloat16 graph rewrite for --precision bf16 (variables stay float32)."""
+    config = tf1.ConfigProto(intra_op_parallelism_threads=hp.threads,
+                             inter_op_parallelism_threads=max(1, (hp.threads or os.cpu_count() or 2) // 2))
+    if getattr(hp, "precision", "fp32") == "bf16":
+        rewrites = config.graph_options.rewrite_options
+        rewrites.auto_mixed_precision_onednn_bfloat16 = rewrites.ON
+    return config
+
+
+def calc_num_batches(total_num, batch_size):
+    """Number of batches of batch_size that hold total_num items (the last one may be smaller)."""
+    return total_num // batch_size + int(total_num % batch_size != 0)
+
+
+def save_hparams(hp, path):
+    """Writes the namespace hp as hparams.json in the directory path."""
+    atomic_write(os.path.join(path, "hparams.json"), json.dumps(vars(hp), indent=2, sort_keys=True) + "\n")
+
+
+def load_hparams(path):
+    """Reads hparams.json from the directory path into a Namespace."""
+    fpath = os.path.join(path, "hparams.json")
+    if not os.path.exists(fpath):
+        raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, path))
+    with open(fpath, encoding="utf-8") as f:
+        return Namespace(**json.load(f))
+
+
+def restore_hparams(argv):
+    """Hyperparameters of a trained model: LOGDIR/hparams.json with the flags given on the command line on top
+    (decoding, testing, data_dir). The model's shape always comes from hparams.json."""
+    given = explicit_flags(argv)
+    logdir = given.get("logdir", Hparams().parser.get_default("logdir"))
+    hp = load_hparams(logdir)
+    for flag in MODEL_FLAGS:
+        if flag in given and given[flag] != getattr(hp, flag):
+            raise UserError("the model in %s has --%s %s (from its hparams.json); drop --%s %s"
+                            % (logdir, flag, getattr(hp, flag), flag, given[flag]))
+    vars(hp).update(given)
+    return hp
+
+
+def check_vocab(hp, manifest):
+    """A model can only read a data dir whose vocabulary it was trained with."""
+    if manifest["vocab_size"] != hp.vocab_size:
+        raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
+                        "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
+                                                    getattr(hp, "trained_data_dir", "see its hparams.json")))
+
+
+def find_checkpoint(logdir, ckpt=""):
+    """The checkpoint to restore: ckpt if given, else the latest in logdir. A missing one is a UserError that
+    lists the checkpoints that do exist."""
+    state = tf1.train.get_checkpoint_state(logdir)
+    existing = list(state.all_model_checkpoint_paths) if state else []
+    ckpt = ckpt or (state.model_checkpoint_path if state else "")
+    if not ckpt or not tf1.train.checkpoint_exists(ckpt):
+        raise UserError("checkpoint %s not found; checkpoints in %s: %s"
+                        % (ckpt or "(none)", logdir, ", ".join(existing) or "none, train first"))
+    return ckpt
+
+
+def restore(sess, ckpt, logdir):
+    """Restores every variable of the graph from ckpt; a truncated or mismatched checkpoint is a UserError."""
+    try:
+        tf1.train.Saver().restore(sess, ckpt)
+    except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.InvalidArgumentError, ValueError) as error:
+        state = tf1.train.get_checkpoint_state(logdir)
+        existing = ", ".join(state.all_model_checkpoint_paths) if state else "none"
+        reason = str(error).strip().splitlines()[0][:200]
+        raise UserError("cannot restore %s (%s); checkpoints in %s: %s" % (ckpt, reason, logdir, existing)) from None
+
+
+def load_manifest(data_dir):
+    """Reads data_dir/manifest.json, written last by prepro.py."""
+    fpath = os.path.join(data_dir, "manifest.json")
+    if not os.path.exists(fpath):
+        raise UserError("%s not found: run `python prepro.py --data_dir %s` first" % (fpath, data_dir))
+    with open(fpath, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def split_paths(data_dir, manifest, split):
+    """Absolute paths of a split's files: dict with raw1, raw2, bpe1, bpe2."""
+    files = manifest["splits"][split]
+    return {key: os.path.join(data_dir, files[key]) for key in ("raw1", "raw2", "bpe1", "bpe2")}
+
+
+def save_variable_specs(fpath):
+    """Writes the name and shape of every trainable variable, and the total parameter count, to fpath."""
+    lines, total = [], 0
+    for v in tf1.trainable_variables():
+        shape = v.shape.as_list()
+        total += int(np.prod(shape))
+        lines.append("%s %s" % (v.name, shape))
+    lines.append("num_params: %d" % total)
+    atomic_write(fpath, "\n".join(lines) + "\n")
+    return total
+
+
+def postprocess(ids, sp):
+    """ids: (N, T) int array ending in </s> then 0s. Returns N detokenized strings (sentencepiece decode)."""
+    texts = []
+    for row in ids:
+        row = list(row)
+        row = row[:row.index(EOS_ID)] if EOS_ID in row else row
+        texts.append(sp.decode([int(i) for i in row if i != PAD_ID]))
+    return texts
+
+
+def get_hypotheses(sess, init_op, ids_op, sents1_op, num_batches, sp, desc="translating"):
+    """Translates a whole dataset, batch by batch, in order.
+
+    init_op initializes the iterator; ids_op gives (N, T) ids, sents1_op the (N,) source strings.
+    An empty source line gets an empty hypothesis. Returns a list of strings, one per source line.
+    """
+    sess.run(init_op)
+    hypotheses = []
+    for _ in tqdm(range(num_batches), desc=desc, leave=False, disable=None):
+        ids, sents1 = sess.run([ids_op, sents1_op])
+        texts = postprocess(ids, sp)
+        hypotheses.extend("" if not s.strip() else t for s, t in zip(sents1, texts))
+    return hypotheses
+
+
+def read_lines(fpath):
+    """Lines of a UTF-8 text file without their line endings."""
+    with open(fpath, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def calc_bleu(references, hypotheses):
+    """sacreBLEU over detokenized, cased text. Returns (score, signature string)."""
+    if len(references) != len(hypotheses):
+        raise ValueError("%d references but %d hypotheses" % (len(references), len(hypotheses)))
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(hypotheses, [references]).score
+    return (0.0 if math.isnan(score) else score), str(bleu.get_signature())
