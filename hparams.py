@@ -55,6 +55,9 @@ class Hparams:
         group.add_argument("--num_epochs", type=int, default=20, help="epochs to train")
         group.add_argument("--max_steps", type=int, default=0,
                            help="stop (with a checkpoint) at this global step; 0 means no limit")
+        group.add_argument("--max_minutes", type=float, default=0,
+                           help="stop (with dev BLEU and a checkpoint) after this many minutes of training in this "
+                                "run; 0 means no limit")
         group.add_argument("--lr", type=float, default=1.0,
                            help="scale of the Noam schedule: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
         group.add_argument("--warmup_steps", type=int, default=4000, help="Noam warm-up steps")
@@ -64,7 +67,8 @@ class Hparams:
         group.add_argument("--eval_every", type=int, default=1,
                            help="translate the dev set and compute BLEU every this many epochs")
         group.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                           help="bf16: oneDNN mixed precision on CPUs with AVX512-BF16/AMX (variables stay fp32)")
+                           help="bf16: matrix products in bfloat16 (fast on CPUs with AVX512-BF16 or AMX); "
+                                "variables, layer norm, softmax and loss stay fp32")
         group.add_argument("--threads", type=int, default=0,
                            help="intra-op threads for the session; 0 uses every core")
 

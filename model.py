@@ -16,7 +16,7 @@ Variable names (stable across versions, so checkpoints restore; see README):
 """
 import tensorflow as tf
 
-from modules import (attention_heads, dense, dropout, ff, get_token_embeddings, ln, multihead_attention,
+from modules import (attention_heads, dense, dropout, ff, get_token_embeddings, ln, matmul, multihead_attention,
                      noam_scheme, positional_encoding, smoothed_cross_entropy, sublayer_input, sublayer_output)
 
 tf1 = tf.compat.v1
@@ -36,6 +36,8 @@ class Transformer:
 
     def __init__(self, hp):
         self.hp = hp
+        #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
+        self.dtype = tf.bfloat16 if getattr(hp, "precision", "fp32") == "bf16" else tf.float32
         self.embeddings = get_token_embeddings(hp.vocab_size, hp.d_model, zero_pad=True)  # (V, d_model)
 
     # ---------------------------------------------------------------- encoder and decoder stacks
@@ -62,9 +64,10 @@ class Transformer:
             for i in range(hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     enc, _ = multihead_attention(enc, None, None, src_masks, hp.num_heads, hp.dropout_rate,
-                                                 training, scope="multihead_attention", norm_type=hp.norm_type)
+                                                 training, scope="multihead_attention", norm_type=hp.norm_type,
+                                                 dtype=self.dtype)
                     enc = ff(enc, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
-                             norm_type=hp.norm_type)
+                             norm_type=hp.norm_type, dtype=self.dtype)
             memory = self._final_ln(enc)
         return memory, src_masks
 
@@ -80,17 +83,18 @@ class Transformer:
             for i in range(hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     dec, _ = multihead_attention(dec, None, None, None, hp.num_heads, hp.dropout_rate, training,
-                                                 causality=True, scope="self_attention", norm_type=hp.norm_type)
+                                                 causality=True, scope="self_attention", norm_type=hp.norm_type,
+                                                 dtype=self.dtype)
                     dec, attention = multihead_attention(dec, memory, memory, src_masks, hp.num_heads,
                                                          hp.dropout_rate, training, scope="vanilla_attention",
-                                                         norm_type=hp.norm_type)
+                                                         norm_type=hp.norm_type, dtype=self.dtype)
                     dec = ff(dec, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
-                             norm_type=hp.norm_type)
+                             norm_type=hp.norm_type, dtype=self.dtype)
             return self._final_ln(dec), attention
 
     def _logits(self, dec):
         """dec: (N, T, d_model). Returns (N, T, V): the output projection is the transposed embedding matrix."""
-        logits = tf.matmul(tf.reshape(dec, [-1, self.hp.d_model]), self.embeddings, transpose_b=True)  # (N*T, V)
+        logits = matmul(tf.reshape(dec, [-1, self.hp.d_model]), self.embeddings, self.dtype, transpose_b=True)  # (N*T, V)
         return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
@@ -140,8 +144,8 @@ class Transformer:
         with tf1.variable_scope("decoder", reuse=True):
             for i in range(self.hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
-                    projections.append((dense(memory, self.hp.d_model, scope="k"),
-                                        dense(memory, self.hp.d_model, scope="v")))
+                    projections.append((dense(memory, self.hp.d_model, scope="k", dtype=self.dtype),
+                                        dense(memory, self.hp.d_model, scope="v", dtype=self.dtype)))
         return projections
 
     def _cached_attention(self, queries, K, V, key_masks, scope):
@@ -152,9 +156,9 @@ class Transformer:
         hp = self.hp
         with tf1.variable_scope(scope, reuse=True):
             x = sublayer_input(queries, hp.norm_type)
-            Q = dense(x, hp.d_model, scope="q")
+            Q = dense(x, hp.d_model, scope="q", dtype=self.dtype)
             outputs, attention = attention_heads(Q, K, V, key_masks, hp.num_heads, training=False)
-            outputs = dense(outputs, hp.d_model, scope="o")
+            outputs = dense(outputs, hp.d_model, scope="o", dtype=self.dtype)
             return sublayer_output(queries, outputs, hp.norm_type, 0.0, False), attention
 
     def _cached_step(self, tokens, step, cache, memory_kv, src_masks):
@@ -173,12 +177,12 @@ class Transformer:
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
                         x = sublayer_input(dec, hp.norm_type)
-                        K = tf.concat([K, dense(x, hp.d_model, scope="k")], axis=1)  # (B, step+1, d_model)
-                        V = tf.concat([V, dense(x, hp.d_model, scope="v")], axis=1)
+                        K = tf.concat([K, dense(x, hp.d_model, scope="k", dtype=self.dtype)], 1)  # (B, step+1, d)
+                        V = tf.concat([V, dense(x, hp.d_model, scope="v", dtype=self.dtype)], 1)
                     new_cache.append((K, V))
                     dec, _ = self._cached_attention(dec, K, V, None, "self_attention")
                     dec, _ = self._cached_attention(dec, mem_K, mem_V, src_masks, "vanilla_attention")
-                    dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type)
+                    dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
         return self._logits(dec)[:, 0, :], new_cache
 
@@ -212,10 +216,8 @@ class Transformer:
         beam_size 1 is greedy decoding. cached False re-runs the full decoder per step (greedy only; for tests).
         Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
         """
-        x, x_seqlen = xs[0], xs[1]
         memory, src_masks = self.encode(xs, training=False)
-        src_len = tf.cast(x_seqlen - 1, tf.float32)  # without </s>
-        max_steps = tf.cast(tf.math.ceil(max_len_a * src_len), tf.int32) + max_len_b  # (N,)
+        max_steps = max_decoding_steps(xs[1], max_len_a, max_len_b)
         if beam_size == 1:
             if cached:
                 step_fn, state = self._cached_decoder(memory, src_masks)
@@ -266,6 +268,11 @@ class Transformer:
         ids, _ = self.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
         summaries = tf1.summary.image("eval_attention", attention_image(self.attention(xs, ids)))
         return ids, summaries
+
+
+def max_decoding_steps(x_seqlen, max_len_a, max_len_b):
+    """ceil(a * source_length + b) for each sentence; x_seqlen (N,) counts </s>. Returns (N,) int32."""
+    return tf.cast(tf.math.ceil(max_len_a * tf.cast(x_seqlen - 1, tf.float32) + max_len_b), tf.int32)
 
 
 def attention_image(attention):
@@ -336,8 +343,8 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
 
     step_fn(tokens (N*K,), step, state) -> logits (N*K, V), new state; every state tensor is (N*K, ...).
     max_steps: (N,) int32. Each step extends the K live hypotheses of a sentence by every token and keeps the
-    2K best extensions: those ending in </s> compete (score = log p / length_penalty) for the K finished slots,
-    the others for the K live slots. A sentence is done when its best finished score beats the best score any
+    2K best extensions: those among the top K that end in </s> compete (score = log p / length_penalty) for the
+    K finished slots, the others that do not end in </s> for the K live slots (so K = 1 is greedy decoding). A sentence is done when its best finished score beats the best score any
     live hypothesis could still reach, or at max_steps (where only </s> is allowed).
     Returns ids (N, K, T) and scores (N, K), best first.
     """
@@ -360,7 +367,9 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
         state = tf.nest.map_structure(
             lambda s: tf.gather(s, tf.reshape(tf.gather(origin, live, batch_dims=1) + batch_pos * K, [-1])), state)
 
-        ended_scores = tf.where(ends, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
+        in_beam = tf.range(2 * K)[None, :] < K  # only extensions that rank in the top K may finish
+        ended_scores = tf.where(tf.logical_and(ends, in_beam), top_log_probs / length_penalty(step + 1, alpha),
+                                NEG_INF)
         pool_ids = tf.concat([tf.pad(finished_ids, [[0, 0], [0, 0], [0, 1]]), top_ids[:, :, 1:]], 1)  # (N, 3K, t+1)
         finished_scores, best = tf.math.top_k(tf.concat([finished_scores, ended_scores], 1), K)
         return step + 1, alive_ids, live_scores, tf.gather(pool_ids, best, batch_dims=1), finished_scores, state

@@ -15,15 +15,23 @@ tf1 = tf.compat.v1
 MASKED_LOGIT = -1e9
 
 
-def dense(inputs, units, use_bias=True, scope="dense"):
+def matmul(a, b, dtype=tf.float32, transpose_b=False):
+    """a @ b computed in `dtype` (bfloat16 for mixed precision), returned as float32. a: (M, K). b: (K, N)."""
+    if dtype == tf.float32:
+        return tf.matmul(a, b, transpose_b=transpose_b)
+    return tf.cast(tf.matmul(tf.cast(a, dtype), tf.cast(b, dtype), transpose_b=transpose_b), tf.float32)
+
+
+def dense(inputs, units, use_bias=True, scope="dense", dtype=tf.float32):
     """Affine map of the last axis (Keras 3 removed tf.compat.v1.layers.dense; this replaces it).
 
-    inputs: (..., d_in). Returns (..., units). Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
+    inputs: (..., d_in). dtype: of the matrix product (variables and outputs stay float32).
+    Returns (..., units). Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
     """
     d_in = inputs.shape[-1]
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         kernel = tf1.get_variable("kernel", [d_in, units], initializer=tf1.glorot_uniform_initializer())
-        outputs = tf.matmul(tf.reshape(inputs, [-1, d_in]), kernel)  # (N*T, units)
+        outputs = matmul(tf.reshape(inputs, [-1, d_in]), kernel, dtype)  # (N*T, units)
         if use_bias:
             outputs += tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
     return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
@@ -149,13 +157,14 @@ def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
 
 
 def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_rate=0., training=True,
-                        causality=False, scope="multihead_attention", norm_type="post"):
+                        causality=False, scope="multihead_attention", norm_type="post", dtype=tf.float32):
     """Multi-head attention sublayer with residual connection and layer norm (Sections 3.2.2 and 5.4).
 
     queries: (N, T_q, d_model).
     keys, values: (N, T_k, d_model), or None for self-attention on the queries as the sublayer sees them
         (with norm_type "pre" that is LN(queries), so self-attention must pass None).
     key_masks: (N, T_k) bool, True at padding; None attends to every key.
+    dtype: of the projections' matrix products (tf.bfloat16 for mixed precision).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
@@ -164,24 +173,25 @@ def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_r
         x = sublayer_input(queries, norm_type)
         keys = x if keys is None else keys
         values = x if values is None else values
-        Q = dense(x, d_model, scope="q")  # (N, T_q, d_model)
-        K = dense(keys, d_model, scope="k")  # (N, T_k, d_model)
-        V = dense(values, d_model, scope="v")  # (N, T_k, d_model)
+        Q = dense(x, d_model, scope="q", dtype=dtype)  # (N, T_q, d_model)
+        K = dense(keys, d_model, scope="k", dtype=dtype)  # (N, T_k, d_model)
+        V = dense(values, d_model, scope="v", dtype=dtype)  # (N, T_k, d_model)
         outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
-        outputs = dense(outputs, d_model, scope="o")
+        outputs = dense(outputs, d_model, scope="o", dtype=dtype)
         return sublayer_output(queries, outputs, norm_type, dropout_rate, training), attention
 
 
-def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post"):
+def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post",
+       dtype=tf.float32):
     """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 with residual and layer norm (Section 3.3).
 
-    inputs: (N, T, d_model). num_units: [d_ff, d_model].
+    inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products.
     Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(inputs, norm_type)
-        hidden = tf.nn.relu(dense(x, num_units[0], scope="inner"))  # (N, T, d_ff)
-        outputs = dense(hidden, num_units[1], scope="outer")  # (N, T, d_model)
+        hidden = tf.nn.relu(dense(x, num_units[0], scope="inner", dtype=dtype))  # (N, T, d_ff)
+        outputs = dense(hidden, num_units[1], scope="outer", dtype=dtype)  # (N, T, d_model)
         return sublayer_output(inputs, outputs, norm_type, dropout_rate, training)
 
 

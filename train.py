@@ -128,8 +128,9 @@ def save(sess, g, hp, epoch, epoch_step, name):
                            write_meta_graph=False)
 
 
-def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop):
-    """Runs the steps of one epoch from batch epoch_step on, until its end, max_steps or a stop request.
+def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop, deadline):
+    """Runs the steps of one epoch from batch epoch_step on, until its end, max_steps, the deadline (a
+    time.time() value) or a stop request.
 
     Returns (batches done in this epoch, mean loss, target tokens/s, global step).
     Raises FloatingPointError on a non-finite loss.
@@ -139,7 +140,7 @@ def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop):
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g["global_step"])
     bar = tqdm(total=total, initial=epoch_step, desc="epoch %d" % (epoch + 1), disable=None, leave=False)
-    while not stop.signal and not (hp.max_steps and step >= hp.max_steps):
+    while not stop.signal and not (hp.max_steps and step >= hp.max_steps) and time.time() < deadline:
         fetches = [g["train_op"], g["loss"], g["target_tokens"]]
         if (step + 1) % 100 == 0:
             fetches.append(g["train_summaries"])
@@ -182,10 +183,12 @@ def main(argv=None):
         if last_ckpt:
             print("resumed from %s at step %d, epoch %d" % (last_ckpt, step, epoch + 1))
         writer = tf1.summary.FileWriter(hp.logdir, None if last_ckpt else sess.graph)
-        while epoch < hp.num_epochs and not (hp.max_steps and step >= hp.max_steps):
+        deadline = time.time() + hp.max_minutes * 60 if hp.max_minutes else float("inf")
+        while epoch < hp.num_epochs and not (hp.max_steps and step >= hp.max_steps) and time.time() < deadline:
             start = time.time()
             try:
-                epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, hp, epoch, epoch_step, writer, stop)
+                epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, hp, epoch, epoch_step, writer, stop,
+                                                                   deadline)
             except FloatingPointError as error:
                 writer.close()
                 raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "

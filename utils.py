@@ -53,14 +53,9 @@ def atomic_write(path, text):
 
 
 def session_config(hp):
-    """Session settings: intra-op threads from --threads (0: every core), one inter-op thread per two cores,
-    and oneDNN's bfloat16 graph rewrite for --precision bf16 (variables stay float32)."""
-    config = tf1.ConfigProto(intra_op_parallelism_threads=hp.threads,
-                             inter_op_parallelism_threads=max(1, (hp.threads or os.cpu_count() or 2) // 2))
-    if getattr(hp, "precision", "fp32") == "bf16":
-        rewrites = config.graph_options.rewrite_options
-        rewrites.auto_mixed_precision_onednn_bfloat16 = rewrites.ON
-    return config
+    """Session settings: intra-op threads from --threads (0: every core), one inter-op thread per two cores."""
+    return tf1.ConfigProto(intra_op_parallelism_threads=hp.threads,
+                           inter_op_parallelism_threads=max(1, (hp.threads or os.cpu_count() or 2) // 2))
 
 
 def calc_num_batches(total_num, batch_size):

@@ -1,0 +1,108 @@
+"""Training throughput and memory, measured against a matmul on the same machine in the same run.
+
+    python scripts/bench_train.py --data_dir data/multi30k [--steps 40] [model and batching flags of train.py]
+
+Reports real (non-pad) source and target tokens/s (median over the timed steps, after warm-up), the padding
+fraction, step time, graph build time, peak RSS, model FLOPs per step counted from the model's shapes, and
+their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu). The last line is one JSON object.
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data_load import get_batch  # noqa: E402
+from hparams import Hparams  # noqa: E402
+from model import Transformer  # noqa: E402
+from utils import load_manifest, session_config, split_paths  # noqa: E402
+
+tf1 = tf.compat.v1
+
+
+def matmul_gflops(config, n=2048, repeats=10):
+    """Median FLOP/s of an n x n fp32 matmul in a session with the given config, in GFLOP/s."""
+    with tf.Graph().as_default():
+        a = tf1.get_variable("a", [n, n], initializer=tf1.random_normal_initializer())
+        product = tf.reduce_sum(tf.matmul(a, a))
+        with tf1.Session(config=config) as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(product)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                sess.run(product)
+                times.append(time.perf_counter() - start)
+    return 2.0 * n ** 3 / np.median(times) / 1e9
+
+
+def forward_flops(hp, n, t1, t2):
+    """Multiply-add FLOPs (2 per MAC) of one forward pass on a padded batch (n, t1) -> (n, t2)."""
+    d, f = hp.d_model, hp.d_ff
+    encoder = 2 * n * t1 * (4 * d * d + 2 * d * f) + 2 * 2 * n * t1 * t1 * d
+    decoder = (2 * n * t2 * (6 * d * d + 2 * d * f) + 2 * n * t1 * 2 * d * d
+               + 2 * 2 * n * t2 * t2 * d + 2 * 2 * n * t2 * t1 * d)
+    return hp.num_blocks * (encoder + decoder) + 2 * n * t2 * d * hp.vocab_size
+
+
+def main(argv=None):
+    bench = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--steps", type=int, default=40, help="timed steps (after warm-up)")
+    bench.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    args, rest = bench.parse_known_args(argv)
+    hp = Hparams().parser.parse_args(rest)
+    tf1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    manifest = load_manifest(hp.data_dir)
+    hp.vocab_size = manifest["vocab_size"]
+    files = split_paths(hp.data_dir, manifest, "train")
+    config = session_config(hp)
+    matmul = matmul_gflops(config)
+
+    start = time.time()
+    tf1.set_random_seed(hp.seed)
+    batches, _, _, _ = get_batch(files["bpe1"], files["bpe2"], hp.maxlen1, hp.maxlen2,
+                                 os.path.join(hp.data_dir, manifest["bpe_vocab"]), hp.batch_size, shuffle=True,
+                                 batch_type=hp.batch_type, seed=hp.seed)
+    xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
+    loss, train_op, _, _ = Transformer(hp).train(xs, ys)
+    shapes = [tf.shape(xs[0]), tf.shape(ys[1]), tf.reduce_sum(xs[1]), tf.reduce_sum(ys[2])]
+    graph_build_s = time.time() - start
+    with tf1.Session(config=config) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(args.warmup):
+            sess.run(train_op)
+        steps = []
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            _, (n, t1), (_, t2), real1, real2 = sess.run([train_op] + shapes)
+            steps.append((time.perf_counter() - t, n, t1, t2, real1, real2))
+    seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
+    flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2)])  # forward + backward ~ 3x forward
+    step_s = float(np.median(seconds))
+    model_gflops = float(np.median(flops / seconds) / 1e9)
+    result = {
+        "real_src_tokens_per_s": round(float(np.median(real1 / seconds)), 1),
+        "real_tgt_tokens_per_s": round(float(np.median(real2 / seconds)), 1),
+        "padding_fraction": round(float(1 - (real1.sum() + real2.sum()) / (n * t1 + n * t2).sum()), 4),
+        "step_s": round(step_s, 4),
+        "sentences_per_batch": float(np.mean(n)),
+        "graph_build_s": round(graph_build_s, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "model_gflops_per_step": round(float(np.median(flops)) / 1e9, 2),
+        "model_gflops_per_s": round(model_gflops, 1),
+        "matmul_gflops_per_s": round(matmul, 1),
+        "mfu": round(model_gflops / matmul, 3),
+        "precision": hp.precision, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
+        "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Small models and random batches shared by the model and decoding tests."""
+from types import SimpleNamespace
+
+import numpy as np
+import tensorflow as tf
+
+from model import BOS_ID, EOS_ID, Transformer
+
+tf1 = tf.compat.v1
+
+SMALL = dict(vocab_size=40, d_model=32, d_ff=64, num_blocks=2, num_heads=4, dropout_rate=0.0, norm_type="post",
+             smoothing=0.0, lr=3e-3, warmup_steps=50, precision="fp32")
+
+
+def small_hp(**overrides):
+    return SimpleNamespace(**{**SMALL, **overrides})
+
+
+def random_ids(rng, lengths, vocab_size, width=None):
+    """(N, width) ids in [4, V) ending in </s> at each length, padded with 0."""
+    width = width or max(lengths)
+    ids = np.zeros([len(lengths), width], np.int32)
+    for row, length in zip(ids, lengths):
+        row[:length - 1] = rng.randint(4, vocab_size, length - 1)
+        row[length - 1] = EOS_ID
+    return ids
+
+
+def shift_right(y):
+    """Decoder input for targets y (N, T): <s> followed by y without its last column; pads stay 0 after </s>."""
+    return np.concatenate([np.full([len(y), 1], BOS_ID, np.int32), y[:, :-1]], 1) * (y != 0)
+
+
+class Placeholders:
+    """Batch placeholders in the data pipeline's layout, and a helper to feed numpy arrays into them."""
+
+    def __init__(self):
+        self.x = tf1.placeholder(tf.int32, [None, None])
+        self.x_seqlen = tf1.placeholder(tf.int32, [None])
+        self.decoder_input = tf1.placeholder(tf.int32, [None, None])
+        self.y = tf1.placeholder(tf.int32, [None, None])
+        self.xs = (self.x, self.x_seqlen, tf.zeros_like(self.x_seqlen, tf.string))
+        self.ys = (self.decoder_input, self.y, tf.reduce_sum(tf.sign(self.y), 1), tf.zeros_like(self.x_seqlen, tf.string))
+
+    def feed(self, x, y=None):
+        feed = {self.x: x, self.x_seqlen: (x != 0).sum(1)}
+        if y is not None:
+            feed.update({self.y: y, self.decoder_input: shift_right(y)})
+        return feed
+
+
+def build(hp):
+    """A model over placeholders in a new default graph (the caller enters graph.as_default())."""
+    tf1.set_random_seed(0)
+    return Transformer(hp), Placeholders()

@@ -1,0 +1,93 @@
+"""Decoding: the cache changes nothing, beam search behaves as beam search should."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from model import max_decoding_steps
+from model_fixtures import build, random_ids, small_hp
+
+tf1 = tf.compat.v1
+
+
+@pytest.fixture(scope="module", params=["random", "trained"])
+def decoding(request):
+    """A session with a small model (random weights, or trained 150 steps to copy-reverse its input), the
+    placeholders, and a mixed-length batch of sources with padding."""
+    rng = np.random.RandomState(3)
+    hp = small_hp(num_blocks=2)
+    graph = tf.Graph()
+    with graph.as_default():
+        model, ph = build(hp)
+        loss, train_op, _, _ = model.train(ph.xs, ph.ys)
+        ops = {
+            "cached": model.translate(ph.xs, 1, alpha=0.6),
+            "cached_alpha0": model.translate(ph.xs, 1, alpha=0.0),
+            "uncached": model.translate(ph.xs, 1, alpha=0.6, cached=False),
+            "beam1": model.beam_search(*model.encode(ph.xs, False), max_decoding_steps(ph.x_seqlen, 1.5, 10), 1, 0.0),
+            "beam4": model.translate(ph.xs, 4, alpha=0.6),
+        }
+        for alpha in (0.0, 2.0):
+            ops["beam4_alpha%g" % alpha] = model.translate(ph.xs, 4, alpha=alpha)
+        ids = tf1.placeholder(tf.int32, [None, None])
+        score = model.score(ph.xs, ids, alpha=0.6)
+        sess = tf1.Session(graph=graph)
+        sess.run(tf1.global_variables_initializer())
+        if request.param == "trained":
+            for _ in range(150):
+                x = random_ids(rng, rng.randint(3, 9, 16), hp.vocab_size)
+                y = x.copy()
+                for row, length in zip(y, (x != 0).sum(1)):
+                    row[:length - 1] = row[:length - 1][::-1]
+                sess.run(train_op, ph.feed(x, y))
+    x = random_ids(rng, [9, 2, 5, 7, 3, 8], hp.vocab_size, width=11)  # mixed lengths, extra padding
+
+    def run(name):
+        return sess.run(ops[name], ph.feed(x))
+
+    def scores(translations):
+        return sess.run(score, {**ph.feed(x), ids: translations})
+    yield run, scores, request.param
+    sess.close()
+
+
+def test_cached_greedy_equals_uncached_greedy(decoding):
+    run, _, _ = decoding
+    (cached_ids, cached_scores), (uncached_ids, uncached_scores) = run("cached"), run("uncached")
+    np.testing.assert_array_equal(cached_ids, uncached_ids)
+    np.testing.assert_allclose(cached_scores, uncached_scores, atol=1e-4)
+
+
+def test_greedy_scores_are_the_models_scores(decoding):
+    run, scores, _ = decoding
+    ids, greedy_scores = run("cached")
+    np.testing.assert_allclose(scores(ids), greedy_scores, atol=1e-4)
+
+
+def test_beam_of_one_is_greedy(decoding):
+    run, _, _ = decoding
+    greedy_ids, greedy_scores = run("cached_alpha0")
+    beam_ids, beam_scores = run("beam1")
+    np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, atol=1e-4)
+    beam_ids = beam_ids[:, 0, :]
+    width = max(greedy_ids.shape[1], beam_ids.shape[1])
+    np.testing.assert_array_equal(np.pad(greedy_ids, [[0, 0], [0, width - greedy_ids.shape[1]]]),
+                                  np.pad(beam_ids, [[0, 0], [0, width - beam_ids.shape[1]]]))
+
+
+def test_beam_of_four_never_scores_below_greedy(decoding):
+    run, scores, _ = decoding
+    greedy_ids, _ = run("cached")
+    beam_ids, beam_scores = run("beam4")
+    np.testing.assert_allclose(scores(beam_ids), beam_scores, atol=1e-4)
+    assert np.all(scores(beam_ids) >= scores(greedy_ids) - 1e-5)
+
+
+def test_larger_alpha_prefers_longer_translations(decoding):
+    """Random weights never choose </s> before max length, so only trained weights can show a difference."""
+    run, _, weights = decoding
+    short, _ = run("beam4_alpha0")
+    long, _ = run("beam4_alpha2")
+    short_lengths, long_lengths = (short != 0).sum(1), (long != 0).sum(1)
+    assert long_lengths.sum() >= short_lengths.sum(), (short_lengths, long_lengths)
+    if weights == "trained":
+        assert long_lengths.sum() > short_lengths.sum(), (short_lengths, long_lengths)

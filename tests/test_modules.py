@@ -1,0 +1,91 @@
+"""modules.py against hand-computed values and closed forms."""
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from modules import (label_smoothing, ln, noam_scheme, positional_encoding, scaled_dot_product_attention,
+                     smoothed_cross_entropy)
+
+tf1 = tf.compat.v1
+
+
+def run(build):
+    """Builds tensors with build() in a fresh graph, initializes variables and returns their values."""
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        tensors = build()
+        sess.run(tf1.global_variables_initializer())
+        return sess.run(tensors)
+
+
+def test_scaled_dot_product_attention_hand_computed():
+    q = [[0., 1., 0.], [0., 0., 1.]]
+    k = [[1., 2., 0.], [0., 1., 1.]]
+    v = [[1., 0.], [2., 0.]]
+    outputs, weights = run(lambda: scaled_dot_product_attention(
+        tf.constant([q, q]), tf.constant([k, k]), tf.constant([v, v]), tf.zeros([2, 2], tf.bool), training=False))
+    for batch in range(2):
+        np.testing.assert_allclose(weights[batch], [[0.64045745, 0.35954252], [0.35954252, 0.64045745]], rtol=1e-6)
+        np.testing.assert_allclose(outputs[batch], [[1.3595425, 0.], [1.6404574, 0.]], rtol=1e-6)
+
+
+def test_key_mask_and_causality_zero_the_right_weights():
+    q = np.random.RandomState(0).randn(2, 3, 4).astype(np.float32)
+    key_masks = np.array([[False, False, True], [False, False, False]])
+    _, key_weights = run(lambda: scaled_dot_product_attention(q, q, q, tf.constant(key_masks), training=False))
+    _, future_weights = run(lambda: scaled_dot_product_attention(q, q, q, None, causality=True, training=False))
+    assert np.all(key_weights[0, :, 2] == 0) and np.all(key_weights[1] > 0)
+    np.testing.assert_allclose(key_weights.sum(-1), 1.0, rtol=1e-6)
+    lower = np.tril(np.ones((3, 3), bool))
+    assert np.all(future_weights[0][~lower] == 0) and np.all(future_weights[0][lower] > 0)
+
+
+def test_label_smoothing_three_classes():
+    smoothed = run(lambda: label_smoothing(tf.constant([[0., 0., 1.], [0., 1., 0.]]), epsilon=0.1))
+    np.testing.assert_allclose(smoothed, [[0.03333334, 0.03333334, 0.93333334],
+                                          [0.03333334, 0.93333334, 0.03333334]], rtol=1e-6)
+
+
+def test_lean_loss_equals_one_hot_label_smoothed_cross_entropy():
+    rng = np.random.RandomState(1)
+    logits = (rng.randn(3, 5, 11) * 4).astype(np.float32)
+    labels = rng.randint(0, 11, (3, 5)).astype(np.int32)
+
+    def build():
+        reference = tf.nn.softmax_cross_entropy_with_logits(
+            labels=label_smoothing(tf.one_hot(labels, 11), 0.1), logits=logits)
+        return smoothed_cross_entropy(tf.constant(logits), tf.constant(labels), 0.1), reference
+    lean, reference = run(build)
+    np.testing.assert_allclose(lean, reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos,i", [(0, 0), (0, 1), (1, 0), (1, 1), (7, 4), (7, 5), (50, 14), (123, 31)])
+def test_positional_encoding_closed_form(pos, i):
+    d_model = 32
+    pe = run(lambda: positional_encoding(tf.zeros([2, 130, d_model])))
+    angle = pos / 10000 ** (2 * (i // 2) / d_model)
+    expected = math.sin(angle) if i % 2 == 0 else math.cos(angle)
+    assert pe.shape == (1, 130, d_model)
+    assert pe[0, pos, i] == pytest.approx(expected, abs=1e-5)
+
+
+def test_positional_encoding_offset_continues_the_sequence():
+    full, tail = run(lambda: (positional_encoding(tf.zeros([1, 10, 8])), positional_encoding(tf.zeros([1, 3, 8]), 7)))
+    np.testing.assert_allclose(tail[0], full[0, 7:10], atol=1e-6)
+
+
+def test_ln_normalizes_each_position_before_gain_and_bias():
+    inputs = np.random.RandomState(2).randn(2, 3, 16).astype(np.float32) * 5 + 3
+    outputs = run(lambda: ln(tf.constant(inputs)))  # gamma starts at 1 and beta at 0
+    np.testing.assert_allclose(outputs.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(outputs.var(-1), 1.0, rtol=1e-3)
+
+
+def test_noam_scheme_warms_up_linearly_peaks_then_decays_as_inverse_sqrt():
+    steps = [100, 200, 400, 1600, 6400]
+    lrs = run(lambda: [noam_scheme(1e-3, s, warmup_steps=400) for s in steps])
+    np.testing.assert_allclose(lrs[1] / lrs[0], 2.0, rtol=1e-6)  # linear rise
+    assert lrs[2] == pytest.approx(1e-3, rel=1e-6)  # peak at warmup_steps
+    assert max(lrs) == lrs[2]
+    np.testing.assert_allclose([lrs[3] / lrs[2], lrs[4] / lrs[3]], [0.5, 0.5], rtol=1e-6)  # step^-0.5
