@@ -8,7 +8,7 @@ sent1 and sent2 are the segmented sentences as strings (N,).
 Batches are planned in Python once per epoch and padded with numpy; tf.data runs the generator ahead of the
 training step (prefetch). Two batching modes:
     sentences: batch_size sentences per batch;
-    tokens:    sentences sorted by length (ties in random order) and packed so that
+    tokens:    sentences sorted by length (longer side first, ties in random order) and packed so that
                N * max(T1, T2) <= batch_size, i.e. no batch exceeds the token budget, padding included.
 Training batches are shuffled; evaluation batches keep every line, in order.
 """
@@ -73,8 +73,11 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None):
     if longest.max(initial=0) > batch_size:
         raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise --batch_size "
                          "or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
-    ties = rng.permutation(n) if rng is not None else np.arange(n)
-    order = ties[np.lexsort((lengths1[ties], lengths2[ties]))] if rng is not None else np.arange(n)
+    if rng is None:
+        order = np.arange(n)
+    else:  # by the longer side (what the budget charges), then source and target length; ties in random order
+        ties = rng.permutation(n)
+        order = ties[np.lexsort((lengths2[ties], lengths1[ties], longest[ties]))]
     batches, start, width = [], 0, 0
     for end, idx in enumerate(order):
         width = max(width, longest[idx])

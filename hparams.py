@@ -40,7 +40,7 @@ class Hparams:
         group.add_argument("--d_model", type=int, default=256, help="hidden size of every layer")
         group.add_argument("--d_ff", type=int, default=1024, help="inner size of the position-wise feed-forward")
         group.add_argument("--num_blocks", type=int, default=3, help="encoder blocks (and as many decoder blocks)")
-        group.add_argument("--num_heads", type=int, default=4, help="attention heads; must divide d_model")
+        group.add_argument("--num_heads", type=int, default=8, help="attention heads; must divide d_model")
         group.add_argument("--dropout_rate", type=float, default=0.1, help="dropout on embeddings and sublayers")
         group.add_argument("--norm_type", choices=["post", "pre"], default="post",
                            help="post: LN(x + f(x)) as in the paper; pre: x + f(LN(x)), steadier when deep")
@@ -58,9 +58,10 @@ class Hparams:
         group.add_argument("--max_minutes", type=float, default=0,
                            help="stop (with dev BLEU and a checkpoint) after this many minutes of training in this "
                                 "run; 0 means no limit")
-        group.add_argument("--lr", type=float, default=1.0,
-                           help="scale of the Noam schedule: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
-        group.add_argument("--warmup_steps", type=int, default=4000, help="Noam warm-up steps")
+        group.add_argument("--lr", type=float, default=1e-3,
+                           help="peak learning rate of the Noam schedule, reached at warmup_steps: "
+                                "lr * warmup^0.5 * min(step * warmup^-1.5, step^-0.5)")
+        group.add_argument("--warmup_steps", type=int, default=1000, help="Noam warm-up steps")
         group.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
         group.add_argument("--seed", type=int, default=1234, help="graph-level random seed and shuffling seed")
         group.add_argument("--keep_checkpoints", type=int, default=5, help="how many checkpoints to keep")

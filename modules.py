@@ -222,15 +222,31 @@ def label_smoothing(inputs, epsilon=0.1):
 
 
 def smoothed_cross_entropy(logits, labels, epsilon=0.1):
-    """Cross entropy against label_smoothing(one_hot(labels)) without building the (N, T, V) targets.
+    """Cross entropy against q = label_smoothing(one_hot(labels)) without building any (N, T, V) targets.
 
-    With q = (1 - epsilon) * one_hot + epsilon / V and log p = logits - logsumexp(logits):
-    -sum_v q_v log p_v = (1 - epsilon) * (-log p_label) + epsilon * (logsumexp(logits) - mean_v logits).
+    With log p = logits - logsumexp(logits):
+    -sum_v q_v log p_v = logsumexp(logits) - (1 - epsilon) * logits[label] - epsilon * mean_v(logits).
+    Its gradient, softmax(logits) - q, is written by hand so that the backward pass keeps a single (N, T, V)
+    buffer: the softmax, from which epsilon / V is subtracted everywhere and 1 - epsilon at the labels.
     logits: (N, T, V) float32. labels: (N, T) int. Returns (N, T).
     """
-    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)  # (N, T)
-    uniform = tf.reduce_logsumexp(logits, axis=-1) - tf.reduce_mean(logits, axis=-1)  # (N, T)
-    return (1.0 - epsilon) * nll + epsilon * uniform
+    vocab_size = logits.shape[-1]
+
+    @tf.custom_gradient
+    def cross_entropy(logits):
+        lse = tf.reduce_logsumexp(logits, axis=-1)  # (N, T)
+        label_logits = tf.gather(logits, labels, batch_dims=2)  # (N, T)
+        losses = lse - (1.0 - epsilon) * label_logits - epsilon * tf.reduce_mean(logits, axis=-1)
+
+        def grad(upstream):  # upstream: (N, T)
+            flat_probs = tf.reshape(tf.exp(logits - lse[:, :, None]) - epsilon / vocab_size, [-1, vocab_size])
+            flat_labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
+            label_entries = tf.stack([tf.range(tf.size(flat_labels)), flat_labels], axis=1)  # (N*T, 2)
+            flat_grad = tf.tensor_scatter_nd_sub(flat_probs, label_entries,
+                                                 tf.fill(tf.shape(flat_labels), 1.0 - epsilon))  # (N*T, V)
+            return tf.reshape(flat_grad, tf.shape(logits)) * upstream[:, :, None]
+        return losses, grad
+    return cross_entropy(logits)
 
 
 def noam_scheme(init_lr, global_step, warmup_steps=4000.):

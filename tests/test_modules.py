@@ -60,6 +60,22 @@ def test_lean_loss_equals_one_hot_label_smoothed_cross_entropy():
     np.testing.assert_allclose(lean, reference, atol=1e-5)
 
 
+def test_lean_loss_gradient_equals_one_hot_gradient():
+    rng = np.random.RandomState(4)
+    logits = (rng.randn(2, 6, 9) * 3).astype(np.float32)
+    labels = rng.randint(0, 9, (2, 6)).astype(np.int32)
+    weights = rng.rand(2, 6).astype(np.float32)  # a weighted sum, as the masked mean of training is
+
+    def build():
+        variable = tf.constant(logits)
+        lean = tf.reduce_sum(weights * smoothed_cross_entropy(variable, tf.constant(labels), 0.1))
+        reference = tf.reduce_sum(weights * tf.nn.softmax_cross_entropy_with_logits(
+            labels=label_smoothing(tf.one_hot(labels, 9), 0.1), logits=variable))
+        return tf.gradients(lean, variable)[0], tf.gradients(reference, variable)[0]
+    lean_grad, reference_grad = run(build)
+    np.testing.assert_allclose(lean_grad, reference_grad, atol=1e-6)
+
+
 @pytest.mark.parametrize("pos,i", [(0, 0), (0, 1), (1, 0), (1, 1), (7, 4), (7, 5), (50, 14), (123, 31)])
 def test_positional_encoding_closed_form(pos, i):
     d_model = 32

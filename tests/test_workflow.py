@@ -1,0 +1,66 @@
+"""End to end: prepro -> train (a few steps) -> resume -> test, as a user runs them."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import prepro
+import test as test_cli
+import train
+from hparams import Hparams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "1500",
+              "--warmup_steps", "20", "--lr", "3e-3", "--test_batch_size", "100", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("numbers"))
+    assert prepro.main(["--dataset", "numbers", "--n_train", "1500", "--n_eval", "40", "--n_test", "60",
+                        "--vocab_size", "200", "--data_dir", path]) == 0
+    return path
+
+
+def test_prepro_train_resume_test(data_dir, tmp_path, capsys):
+    logdir = str(tmp_path / "run")
+    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "12"] + TINY_MODEL) == 0
+    first = capsys.readouterr().out
+    assert "done: step 12" in first and "dev BLEU" in first
+    saved = json.load(open(os.path.join(logdir, "hparams.json")))
+    assert saved["d_model"] == 32 and saved["vocab_size"] == 200
+
+    # Started again with only the logdir: the saved flags come back, and training goes on from step 12.
+    assert train.main(["--logdir", logdir, "--max_steps", "20"]) == 0
+    second = capsys.readouterr().out
+    assert "at step 12, epoch 1" in second and "done: step 20" in second
+
+    testdir = str(tmp_path / "test")
+    assert test_cli.main(["--logdir", logdir, "--testdir", testdir]) == 0
+    results = json.load(open(os.path.join(testdir, "results.json")))
+    assert set(results) >= {"bleu", "signature", "sentences", "checkpoint"}
+    assert results["sentences"] == 60 and 0.0 <= results["bleu"] <= 100.0
+    assert "nrefs:1|case:mixed" in results["signature"] and results["checkpoint"].endswith("-20")
+    hypotheses = open(os.path.join(testdir, "hypotheses.txt"), encoding="utf-8").read().split("\n")
+    assert len(hypotheses) == 61 and hypotheses[-1] == ""
+    assert "BLEU = " in capsys.readouterr().out
+
+
+def test_changing_the_model_shape_of_a_logdir_is_refused(data_dir, tmp_path):
+    logdir = str(tmp_path / "run")
+    train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "1", "--eval_every", "100"] + TINY_MODEL)
+    result = subprocess.run([sys.executable, "train.py", "--logdir", logdir, "--d_model", "64"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--d_model 32 but this run asks for 64" in result.stderr
+
+
+def test_every_flag_has_help():
+    for action in Hparams().parser._actions:
+        assert action.help and len(action.help) > 10, action.dest
+    help_text = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=60).stdout
+    for group in ("data:", "model:", "training:", "decoding:", "testing:"):
+        assert group in help_text
