@@ -70,6 +70,13 @@ class Hparams:
         group.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                            help="bf16: matrix products in bfloat16 (fast on CPUs with AVX512-BF16 or AMX); "
                                 "variables, layer norm, softmax and loss stay fp32")
+        group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",
+                           help="none: one device; mirrored: the devices of --devices in this process; multiworker: "
+                                "one process per worker, cluster and task from TF_CONFIG (see README). --batch_size "
+                                "is the global batch, split over all replicas")
+        group.add_argument("--devices", default="",
+                           help="with --distribute mirrored: comma-separated devices, e.g. /gpu:0,/gpu:1 (default "
+                                "every GPU) or /cpu:0,/cpu:1 to try it on a CPU")
         group.add_argument("--threads", type=int, default=0,
                            help="intra-op threads for the session; 0 uses every core")
 

@@ -110,18 +110,21 @@ class Transformer:
         return logits, y_hat, y, sents2, attention
 
     # ---------------------------------------------------------------- training
-    def train(self, xs, ys):
-        """Returns loss (label-smoothed cross entropy per non-pad target token), train_op, global_step, summaries."""
-        hp = self.hp
+    def loss(self, xs, ys):
+        """Label-smoothed cross entropy summed over the non-pad target tokens, their count, and the last block's
+        cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss."""
         memory, src_masks = self.encode(xs)
         logits, _, y, _, attention = self.decode(ys, memory, src_masks)
         nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)  # (N, T2)
-        token_losses = smoothed_cross_entropy(tf.cast(logits, tf.float32), y, hp.smoothing)  # (N, T2)
-        loss = tf.reduce_sum(token_losses * nonpadding) / (tf.reduce_sum(nonpadding) + 1e-7)
+        token_losses = smoothed_cross_entropy(tf.cast(logits, tf.float32), y, self.hp.smoothing)  # (N, T2)
+        return tf.reduce_sum(token_losses * nonpadding), tf.reduce_sum(nonpadding), attention
 
+    def train(self, xs, ys):
+        """Returns loss (label-smoothed cross entropy per non-pad target token), train_op, global_step, summaries."""
+        loss_sum, token_count, attention = self.loss(xs, ys)
+        loss = loss_sum / (token_count + 1e-7)
         global_step = tf1.train.get_or_create_global_step()
-        lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
-        optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
+        optimizer, lr = make_optimizer(self.hp, global_step)
         grads_and_vars = optimizer.compute_gradients(loss)
         grad_norm = tf.linalg.global_norm([g for g, _ in grads_and_vars])
         train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
@@ -268,6 +271,12 @@ class Transformer:
         ids, _ = self.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
         summaries = tf1.summary.image("eval_attention", attention_image(self.attention(xs, ids)))
         return ids, summaries
+
+
+def make_optimizer(hp, global_step):
+    """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the Noam schedule. Returns optimizer, lr."""
+    lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
+    return tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9), lr
 
 
 def max_decoding_steps(x_seqlen, max_len_a, max_len_b):

@@ -5,8 +5,11 @@
 The model's shape and data dir come from LOGDIR/hparams.json. Writes TESTDIR/hypotheses.txt (one line per source
 line, in order; an empty source line gets an empty hypothesis) and TESTDIR/results.json.
 """
-import json
 import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+
+import json
 import time
 
 import sentencepiece as spm
@@ -22,10 +25,11 @@ tf1 = tf.compat.v1
 
 def main(argv=None):
     tf1.disable_eager_execution()
+    tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp = restore_hparams(argv)
     manifest = load_manifest(hp.data_dir)
-    check_vocab(hp, manifest)
+    check_vocab(hp, manifest, hp.trained_data_dir)
     ckpt = find_checkpoint(hp.logdir, hp.ckpt)
     files = split_paths(hp.data_dir, manifest, "test")
     batches, num_batches, num_sentences, _ = get_batch(files["bpe1"], files["bpe2"], None, None,

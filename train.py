@@ -7,10 +7,12 @@ loss and BLEU. Started again with the same logdir, it resumes from the latest ch
 epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first; a non-finite loss stops training
 without saving over the last good checkpoint.
 """
-import math
 import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+
+import math
 import signal
-import sys
 import time
 
 import numpy as np
@@ -18,11 +20,13 @@ import sentencepiece as spm
 import tensorflow as tf
 from tqdm import tqdm
 
+import distributed
 from data_load import get_batch
 from hparams import MODEL_FLAGS, Hparams, explicit_flags
 from model import Transformer
-from utils import (UserError, atomic_write, calc_bleu, get_hypotheses, load_hparams, load_manifest, read_lines,
-                   run_cli, save_hparams, save_variable_specs, session_config, split_paths)
+from utils import (UserError, atomic_write, calc_bleu, check_vocab, find_checkpoint, get_hypotheses, is_averaged,
+                   load_hparams, load_manifest, read_lines, restore, run_cli, save_hparams, save_variable_specs,
+                   session_config, split_paths, vocab_sha256)
 
 tf1 = tf.compat.v1
 
@@ -30,43 +34,58 @@ tf1 = tf.compat.v1
 def resolve_hparams(argv):
     """Command-line flags, or on resume the logdir's hparams.json overridden by the flags given explicitly.
 
-    The model's shape can not change on resume; vocab_size comes from the data dir's manifest.
+    The model's shape can not change on resume, nor its vocabulary: vocab_size and vocab_sha256 come from the data
+    dir.
     """
     hp = Hparams().parser.parse_args(argv)
     given = explicit_flags(argv)
+    trained_data_dir = None
     if os.path.exists(os.path.join(hp.logdir, "hparams.json")):
         saved = vars(load_hparams(hp.logdir))
         for flag in MODEL_FLAGS:
             if flag in given and given[flag] != saved[flag]:
                 raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
                                 % (hp.logdir, flag, saved[flag], given[flag]))
+        trained_data_dir = saved["data_dir"]
         saved.update(given)
         hp = Hparams().parser.parse_args([], namespace=type(hp)(**saved))
     manifest = load_manifest(hp.data_dir)
-    if getattr(hp, "vocab_size", manifest["vocab_size"]) != manifest["vocab_size"]:
-        raise UserError("%s was trained with vocab size %d but %s has %d: use the data dir it was trained on"
-                        % (hp.logdir, hp.vocab_size, hp.data_dir, manifest["vocab_size"]))
-    hp.vocab_size = manifest["vocab_size"]
+    if trained_data_dir:
+        check_vocab(hp, manifest, trained_data_dir)
+    hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(hp.data_dir, manifest)
     if hp.d_model % hp.num_heads:
         raise UserError("--num_heads %d must divide --d_model %d" % (hp.num_heads, hp.d_model))
     return hp, manifest
 
 
 class StopRequest:
-    """Turns SIGINT and SIGTERM into a flag that the training loop checks after each step."""
+    """While in its `with` block, turns SIGINT and SIGTERM into a flag that the training loop checks after each
+    step; the previous handlers come back afterwards."""
 
-    def __init__(self):
+    def __enter__(self):
         self.signal = None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc_info):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum, frame):
         self.signal = signal.Signals(signum).name
 
 
-def build_graph(hp, manifest):
-    """Train and eval graphs over one iterator. Returns a dict of the ops and tensors the loop needs."""
-    tf1.set_random_seed(hp.seed)
+def remove_partial_checkpoints(logdir):
+    """Deletes the temporary files of a checkpoint whose writing was killed (TensorFlow's *.tempstate*)."""
+    for name in os.listdir(logdir):
+        if ".tempstate" in name:
+            os.remove(os.path.join(logdir, name))
+
+
+def build_graph(hp, manifest, cluster):
+    """Train and eval graphs over one iterator, the train step replicated as cluster says (distributed.py).
+    Returns a dict of the ops and tensors the loop needs."""
+    tf1.set_random_seed(hp.seed + cluster.process_index)  # workers' dropout differs; initial values are the chief's
     vocab = os.path.join(hp.data_dir, manifest["bpe_vocab"])
     train_files, eval_files = split_paths(hp.data_dir, manifest, "train"), split_paths(hp.data_dir, manifest, "eval")
     epoch, skip = tf1.placeholder_with_default(0, []), tf1.placeholder_with_default(0, [])
@@ -79,32 +98,39 @@ def build_graph(hp, manifest):
                                                 tf1.data.get_output_shapes(train_batches))
     xs, ys = iterator.get_next()
 
-    model = Transformer(hp)
-    loss, train_op, global_step, train_summaries = model.train(xs, ys)
-    eval_ids, eval_summaries = model.eval(xs, ys)
+    train = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
+    eval_ids, eval_summaries = Transformer(hp).eval(xs, ys)
     # [completed epochs, batches done in the current epoch], saved with the weights.
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])
+    weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in tf1.global_variables()
+                                    if v.dtype.base_dtype.is_floating])
     return dict(
         epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
         eval_init=iterator.make_initializer(eval_batches), train_num_batches=train_num_batches,
         eval_num_batches=eval_num_batches(), num_train=num_train, num_over=num_over, num_eval=num_eval,
-        xs=xs, target_tokens=tf.reduce_sum(ys[2]), loss=loss, train_op=train_op, global_step=global_step,
-        train_summaries=train_summaries, eval_ids=eval_ids, eval_summaries=eval_summaries,
+        xs=xs, target_tokens=tf.reduce_sum(ys[2]), eval_ids=eval_ids, eval_summaries=eval_summaries,
         training_state=training_state, new_state=new_state,
-        save_state=tf1.assign(training_state, new_state),
-        saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints, save_relative_paths=True))
+        save_state=tf1.assign(training_state, new_state), weights_finite=weights_finite,
+        saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints, save_relative_paths=True),
+        init=tf1.global_variables_initializer(), **train)
 
 
 def restore_or_init(sess, g, logdir):
-    """Restores the latest checkpoint of logdir (returns its path) or initializes the variables (returns None)."""
-    ckpt = tf1.train.latest_checkpoint(logdir)
+    """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir has none,
+    initializes the variables (returns None). Averaged checkpoints (avg_*, see avg_checkpoints.py) are passed over:
+    training goes on from where it stopped, and the Saver never rotates them away. A newest checkpoint that is
+    missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint."""
+    state = tf1.train.get_checkpoint_state(logdir)
+    trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
+    ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
+    distributed.agree_on_checkpoint(sess, g, ckpt)
     if ckpt is None:
-        sess.run(tf1.global_variables_initializer())
+        sess.run(g["init"])
         return None
-    g["saver"].restore(sess, ckpt)
-    g["saver"].recover_last_checkpoints(tf1.train.get_checkpoint_state(logdir).all_model_checkpoint_paths)
+    restore(sess, ckpt, logdir, g["saver"])
+    g["saver"].recover_last_checkpoints(trained)
     return ckpt
 
 
@@ -130,17 +156,23 @@ def save(sess, g, hp, epoch, epoch_step, name):
 
 def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop, deadline):
     """Runs the steps of one epoch from batch epoch_step on, until its end, max_steps, the deadline (a
-    time.time() value) or a stop request.
+    time.time() value) or a stop request; with several workers, the deadline or a stop request of any of them.
 
     Returns (batches done in this epoch, mean loss, target tokens/s, global step).
-    Raises FloatingPointError on a non-finite loss.
+    Raises FloatingPointError on a non-finite loss, or when the weights or optimizer slots are not finite at the
+    end (a non-finite gradient in the last step), so that they are never saved.
     """
     sess.run(g["train_init"], {g["epoch"]: epoch, g["skip"]: epoch_step})
     total = g["train_num_batches"](epoch)
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g["global_step"])
     bar = tqdm(total=total, initial=epoch_step, desc="epoch %d" % (epoch + 1), disable=None, leave=False)
-    while not stop.signal and not (hp.max_steps and step >= hp.max_steps) and time.time() < deadline:
+    while not (hp.max_steps and step >= hp.max_steps):
+        any_signal, out_of_time = distributed.agree_to_stop(sess, g, stop.signal, time.time() >= deadline)
+        if any_signal:
+            stop.signal = stop.signal or "a stop request of another worker"
+        if any_signal or out_of_time:
+            break
         fetches = [g["train_op"], g["loss"], g["target_tokens"]]
         if (step + 1) % 100 == 0:
             fetches.append(g["train_summaries"])
@@ -160,31 +192,39 @@ def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop, deadline):
         bar.update(1)
         bar.set_postfix(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
     bar.close()
+    if not sess.run(g["weights_finite"]):
+        raise FloatingPointError("the weights are not finite after step %d (epoch %d)" % (step, epoch + 1))
     return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time() - start), step
 
 
 def main(argv=None):
     tf1.disable_eager_execution()
+    tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp, manifest = resolve_hparams(argv)
     os.makedirs(hp.logdir, exist_ok=True)
-    save_hparams(hp, hp.logdir)
-    g = build_graph(hp, manifest)
+    cluster = distributed.make_cluster(hp, session_config(hp))
+    if cluster.is_chief:
+        save_hparams(hp, hp.logdir)
+    g = build_graph(hp, manifest, cluster)
     num_params = save_variable_specs(os.path.join(hp.logdir, "specs.txt"))
     print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
           % (g["num_train"], g["num_over"], "truncated" if hp.truncate else "skipped", g["num_eval"], num_params))
     sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
-    stop = StopRequest()
-    with tf1.Session(config=session_config(hp)) as sess:
+    if cluster.is_chief:
+        remove_partial_checkpoints(hp.logdir)
+    with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
         last_ckpt = restore_or_init(sess, g, hp.logdir)
         epoch, epoch_step = (int(v) for v in sess.run(g["training_state"]))
         step = sess.run(g["global_step"])
         if last_ckpt:
             print("resumed from %s at step %d, epoch %d" % (last_ckpt, step, epoch + 1))
-        writer = tf1.summary.FileWriter(hp.logdir, None if last_ckpt else sess.graph)
+        writer = (tf1.summary.FileWriter(hp.logdir, None if last_ckpt else sess.graph) if cluster.is_chief
+                  else distributed.NullWriter())
         deadline = time.time() + hp.max_minutes * 60 if hp.max_minutes else float("inf")
-        while epoch < hp.num_epochs and not (hp.max_steps and step >= hp.max_steps) and time.time() < deadline:
+        while epoch < hp.num_epochs and not (hp.max_steps and step >= hp.max_steps) and not (
+                distributed.agree_to_stop(sess, g, stop.signal, time.time() >= deadline)[1]):
             start = time.time()
             try:
                 epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, hp, epoch, epoch_step, writer, stop,
@@ -192,15 +232,22 @@ def main(argv=None):
             except FloatingPointError as error:
                 writer.close()
                 raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
-                                "longer --warmup_steps or --precision fp32" % (error, last_ckpt)) from None
+                                "longer --warmup_steps%s" % (error, last_ckpt, " or --precision fp32"
+                                                             if hp.precision != "fp32" else "")) from None
             if stop.signal:
-                last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
                 writer.close()
-                print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
+                if cluster.is_chief:
+                    last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
+                    print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
+                else:
+                    print("%s: stopped at step %d; the chief saves the checkpoint" % (stop.signal, step))
                 return 0
             if epoch_step >= g["train_num_batches"](epoch):
                 epoch, epoch_step = epoch + 1, 0
             name, report = "E%02d_L%.2f" % (epoch, loss), ""
+            if not cluster.is_chief:
+                print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task), flush=True)
+                continue
             if epoch_step or epoch % hp.eval_every == 0 or epoch == hp.num_epochs:
                 bleu = evaluate(sess, g, hp, sp, references, writer, step, epoch)
                 name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu

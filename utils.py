@@ -3,6 +3,7 @@ text, translating a whole dataset, and BLEU.
 
 BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers can be compared with).
 """
+import hashlib
 import json
 import math
 import os
@@ -26,12 +27,16 @@ class UserError(Exception):
 
 
 def run_cli(main):
-    """Runs main() and exits with its code; a UserError becomes one line on stderr and exit code 2."""
+    """Runs main() and exits with its code; a UserError becomes one line on stderr and exit code 2, a Ctrl-C that
+    main() does not handle itself one line and exit code 130."""
     try:
         sys.exit(main())
     except UserError as error:
         print("error: %s" % error, file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 def atomic_write(path, text):
@@ -79,10 +84,12 @@ def load_hparams(path):
 
 def restore_hparams(argv):
     """Hyperparameters of a trained model: LOGDIR/hparams.json with the flags given on the command line on top
-    (decoding, testing, data_dir). The model's shape always comes from hparams.json."""
+    (decoding, testing, data_dir). The model's shape always comes from hparams.json; trained_data_dir is the
+    data_dir it was trained on."""
     given = explicit_flags(argv)
     logdir = given.get("logdir", Hparams().parser.get_default("logdir"))
     hp = load_hparams(logdir)
+    hp.trained_data_dir = hp.data_dir
     for flag in MODEL_FLAGS:
         if flag in given and given[flag] != getattr(hp, flag):
             raise UserError("the model in %s has --%s %s (from its hparams.json); drop --%s %s"
@@ -91,34 +98,100 @@ def restore_hparams(argv):
     return hp
 
 
-def check_vocab(hp, manifest):
-    """A model can only read a data dir whose vocabulary it was trained with."""
+def vocab_sha256(data_dir, manifest):
+    """sha256 of data_dir's BPE vocabulary file: two vocabularies of the same size can still differ."""
+    with open(os.path.join(data_dir, manifest["bpe_vocab"]), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_vocab(hp, manifest, trained_data_dir):
+    """A model can only read a data dir whose vocabulary it was trained with: same size and, where hparams.json
+    records it (vocab_sha256), the same pieces."""
     if manifest["vocab_size"] != hp.vocab_size:
         raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
                         "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
-                                                    getattr(hp, "trained_data_dir", "see its hparams.json")))
+                                                    trained_data_dir))
+    if getattr(hp, "vocab_sha256", None) not in (None, vocab_sha256(hp.data_dir, manifest)):
+        raise UserError("the BPE vocabulary of %s has the model's size %d but other pieces than the one the model "
+                        "in %s was trained with: pass the --data_dir it was trained on (%s)"
+                        % (hp.data_dir, hp.vocab_size, hp.logdir, trained_data_dir))
+
+
+#: Name prefix of the checkpoints avg_checkpoints.py writes; training resumes from its own checkpoints only.
+AVERAGED_PREFIX = "avg_"
+
+
+def is_averaged(ckpt):
+    """Whether the checkpoint path ckpt was written by avg_checkpoints.py."""
+    return os.path.basename(ckpt).startswith(AVERAGED_PREFIX)
 
 
 def find_checkpoint(logdir, ckpt=""):
     """The checkpoint to restore: ckpt if given, else the latest in logdir. A missing one is a UserError that
     lists the checkpoints that do exist."""
     state = tf1.train.get_checkpoint_state(logdir)
-    existing = list(state.all_model_checkpoint_paths) if state else []
     ckpt = ckpt or (state.model_checkpoint_path if state else "")
     if not ckpt or not tf1.train.checkpoint_exists(ckpt):
         raise UserError("checkpoint %s not found; checkpoints in %s: %s"
-                        % (ckpt or "(none)", logdir, ", ".join(existing) or "none, train first"))
+                        % (ckpt or "(none)", logdir, existing_checkpoints(logdir) or "none, train first"))
     return ckpt
 
 
-def restore(sess, ckpt, logdir):
-    """Restores every variable of the graph from ckpt; a truncated or mismatched checkpoint is a UserError."""
+def existing_checkpoints(logdir):
+    """The checkpoints that logdir's index lists and whose files are there, comma-separated."""
+    state = tf1.train.get_checkpoint_state(logdir)
+    paths = state.all_model_checkpoint_paths if state else []
+    return ", ".join(path for path in paths if tf1.train.checkpoint_exists(path))
+
+
+def checkpoint_difference(ckpt):
+    """How the variables of checkpoint ckpt differ from those of the default graph: a phrase, or None.
+
+    Weights in the checkpoint that the graph lacks count too (found by their Adam slot), so that a model with
+    fewer blocks never restores half of a bigger one silently.
+    """
+    saved = dict(tf.train.list_variables(ckpt))
+    names = set()
+    for variable in tf1.global_variables():
+        name, shape = variable.op.name, variable.shape.as_list()
+        names.add(name)
+        if name not in saved:
+            return "the model has %s %s but the checkpoint does not" % (name, shape)
+        if saved[name] != shape:
+            return "%s is %s in the checkpoint but %s in the model" % (name, saved[name], shape)
+    extra = sorted(name for name in saved if name + "/Adam" in saved and name not in names)
+    if extra:
+        return "the checkpoint has %s %s but the model does not" % (extra[0], saved[extra[0]])
+    return None
+
+
+def unreadable_reason(ckpt):
+    """Why the tensors of checkpoint ckpt can not be read (e.g. "Read less bytes than requested" for a truncated
+    data file), or None if they all can."""
     try:
-        tf1.train.Saver().restore(sess, ckpt)
-    except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.InvalidArgumentError, ValueError) as error:
-        state = tf1.train.get_checkpoint_state(logdir)
-        existing = ", ".join(state.all_model_checkpoint_paths) if state else "none"
-        reason = str(error).strip().splitlines()[0][:200]
+        reader = tf.train.load_checkpoint(ckpt)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception as error:  # the reader raises OpError, IndexError, ... depending on the damage
+        return str(error).strip().splitlines()[0][:200]
+    return None
+
+
+def restore(sess, ckpt, logdir, saver=None):
+    """Restores every variable of the graph (or those of saver) from ckpt.
+
+    A truncated or unreadable checkpoint, or one whose variables differ from the model built from hparams.json,
+    is a UserError that says what is wrong and lists the checkpoints that exist.
+    """
+    existing = existing_checkpoints(logdir) or "none"
+    try:
+        difference = checkpoint_difference(ckpt)
+        if difference:
+            raise UserError("%s does not match the model that %s/hparams.json describes: %s; checkpoints in %s: %s"
+                            % (ckpt, logdir, difference, logdir, existing))
+        (saver or tf1.train.Saver()).restore(sess, ckpt)
+    except (tf.errors.OpError, ValueError) as error:
+        reason = unreadable_reason(ckpt) or str(error).strip().splitlines()[0][:200]
         raise UserError("cannot restore %s (%s); checkpoints in %s: %s" % (ckpt, reason, logdir, existing)) from None
 
 

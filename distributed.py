@@ -1,0 +1,250 @@
+"""Data-parallel training with tf.distribute in TF1 graph mode (sessions), for train.py --distribute.
+
+    cluster = make_cluster(hp, session_config(hp))   # before any graph is built
+    g = build_train(cluster, hp, xs, ys)             # dict: loss, train_op, global_step, train_summaries, votes
+    with tf1.Session(cluster.target, config=cluster.config) as sess:
+        agree_on_checkpoint(sess, g, latest_checkpoint_or_None)       # then restore it or initialize
+        while not any(agree_to_stop(sess, g, signal, out_of_time)):  # before every step
+            sess.run(g["train_op"])
+
+--distribute none         one process, one device: build_train is model.Transformer.train.
+--distribute mirrored     one process, several devices (--devices, default every GPU): tf.distribute.MirroredStrategy.
+--distribute multiworker  one process per host (or per CPU worker), tf.compat.v1 MultiWorkerMirroredStrategy; the
+                          cluster and this process's place in it come from the TF_CONFIG environment variable, e.g.
+                          {"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}.
+                          Each process serves its part of the graph on a tf.distribute.Server and runs its session
+                          on that server; worker 0 (or the "chief" task) is the chief.
+
+How a step is split. Every process reads the same sequence of global batches (same files, same seed), xs and ys as
+data_load.py makes them, (N, T) each. Replica r of R takes rows [N*r//R, N*(r+1)//R) of the global batch, trimmed to
+its own longest sentence, and its loss is sum of its token losses / non-pad tokens of the GLOBAL batch. The sum of
+these losses over replicas is exactly the per-token loss of a single-process run on the global batch, and so is the
+sum of their gradients, which the optimizer all-reduces (ReduceOp.SUM) before one Adam update per step. The global
+step and the Noam learning rate advance once per global step, as in a single-process run.
+
+Variables are mirrored: their checkpoint names are those of a single-process run, so checkpoints move freely between
+--distribute none, mirrored and multiworker. In multiworker mode the chief's initial values are broadcast to every
+worker when the variables are initialized; a resumed run restores the chief's checkpoint on every worker, so the
+logdir must be on a file system that every host sees. Only the chief writes checkpoints, summaries and BLEU.
+
+All workers must run the same number of steps (each step is a collective operation), so stopping is agreed on:
+before every step the workers all-reduce their stop votes (Ctrl-C, SIGTERM, --max_minutes), and all of them stop
+before that step if any of them voted. A worker that dies makes the next collective of the others fail
+(UnavailableError); restart all of them, they resume from the chief's last checkpoint.
+"""
+import copy
+import json
+import os
+import zlib
+from collections import namedtuple
+
+import tensorflow as tf
+
+from model import PAD_ID, Transformer, make_optimizer
+from utils import UserError
+
+tf1 = tf.compat.v1
+
+DISTRIBUTE_MODES = ("none", "mirrored", "multiworker")
+
+#: strategy: a tf.distribute strategy, None for --distribute none. is_chief: this process writes checkpoints,
+#: summaries and BLEU. target, config: what tf1.Session takes. task: e.g. "worker 1 of 2" (for messages).
+#: process_index: 0 for the chief, 1, 2, ... for the other workers (add it to the graph seed, so that their dropout
+#: masks differ; initial values come from the chief anyway).
+#: server: the running tf.distribute.Server of a multiworker process (kept alive by this reference), else None.
+Cluster = namedtuple("Cluster", "strategy is_chief target config task process_index server")
+
+
+# ---------------------------------------------------------------- strategies
+def parse_devices(devices):
+    """"/gpu:0,/gpu:1" -> ["/gpu:0", "/gpu:1"]; "" -> every visible GPU. Raises UserError with fewer than 2."""
+    names = [d.strip() for d in devices.split(",") if d.strip()]
+    if not names:
+        names = ["/gpu:%d" % i for i in range(len(tf.config.list_physical_devices("GPU")))]
+    if len(names) < 2:
+        raise UserError("--distribute mirrored needs at least two devices but found %s: pass --devices, e.g. "
+                        "--devices /gpu:0,/gpu:1 (or /cpu:0,/cpu:1 to try it on a CPU)" % (names or "no GPU"))
+    return names
+
+
+def cpu_device_count(devices):
+    """How many CPU devices a session must create for devices (["/cpu:0", "/cpu:1", "/gpu:0"] -> 2)."""
+    indices = [tf.DeviceSpec.from_string(d).device_index or 0 for d in devices
+               if tf.DeviceSpec.from_string(d).device_type.upper() == "CPU"]
+    return max(indices, default=0) + 1
+
+
+def read_tf_config():
+    """The TF_CONFIG environment variable as (cluster dict, task type, task index). Raises UserError if it is
+    missing or does not name this task inside the cluster."""
+    text = os.environ.get("TF_CONFIG", "")
+    if not text:
+        raise UserError("--distribute multiworker needs the TF_CONFIG environment variable, e.g. "
+                        '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", '
+                        '"index": 0}} (scripts/launch_local_cluster.sh sets it for workers on this machine)')
+    try:
+        config = json.loads(text)
+        cluster, task_type, task_index = config["cluster"], config["task"]["type"], int(config["task"]["index"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError("TF_CONFIG is not {\"cluster\": {...}, \"task\": {\"type\": ..., \"index\": ...}}: %s (%r)"
+                        % (error, text[:200])) from None
+    if task_type not in ("chief", "worker"):
+        raise UserError("TF_CONFIG task type is %r; training processes are \"chief\" or \"worker\"" % task_type)
+    if not 0 <= task_index < len(cluster.get(task_type, [])):
+        raise UserError("TF_CONFIG task %s %d is not in its cluster %s" % (task_type, task_index, cluster))
+    return cluster, task_type, task_index
+
+
+def make_cluster(hp, config):
+    """The strategy of hp.distribute and how to open sessions for it. config: the tf1.ConfigProto to start from
+    (left unchanged; the Cluster holds a copy with what the strategy needs).
+
+    Call it before building the graph: a multiworker process starts its tf.distribute.Server here.
+    """
+    config = copy.deepcopy(config)
+    if hp.distribute == "none":
+        return Cluster(None, True, "", config, "single process", 0, None)
+    if hp.distribute == "mirrored":
+        devices = parse_devices(hp.devices)
+        config.device_count["CPU"] = max(config.device_count["CPU"], cpu_device_count(devices))
+        return Cluster(tf.distribute.MirroredStrategy(devices), True, "", config, "mirrored on " + ",".join(devices),
+                       0, None)
+    if hp.distribute != "multiworker":
+        raise UserError("--distribute must be one of %s, not %r" % (", ".join(DISTRIBUTE_MODES), hp.distribute))
+    cluster, task_type, task_index = read_tf_config()
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_index, rpc_layer="grpc")
+    strategy = tf1.distribute.experimental.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    config = strategy.update_config_proto(config)
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=task_index, config=config,
+                                  start=True)
+    process_index = task_index + (len(cluster.get("chief", [])) if task_type == "worker" else 0)
+    return Cluster(strategy, strategy.extended.should_checkpoint, server.target, config,
+                   "%s %d of %d" % (task_type, task_index, sum(len(tasks) for tasks in cluster.values())),
+                   process_index, server)
+
+
+# ---------------------------------------------------------------- the replicated training step
+def replica_rows(num_rows, replica_id, num_replicas):
+    """Rows [start, end) of a global batch of num_rows that replica replica_id of num_replicas trains on.
+
+    Scalars (int or int32 tensors). Rows are dealt in contiguous, nearly equal blocks (sizes differ by at most 1).
+    """
+    return num_rows * replica_id // num_replicas, num_rows * (replica_id + 1) // num_replicas
+
+
+def replica_batch(xs, ys, replica_id, num_replicas):
+    """This replica's share of a global batch, trimmed to its longest source and target.
+
+    xs: (x (N, T1), x_seqlen (N,), sent1 (N,)); ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,), sent2 (N,)).
+    Returns xs, ys in the same layout with n = end - start rows (see replica_rows), (n, t1) and (n, t2).
+    """
+    x, x_seqlen, sent1 = xs
+    decoder_input, y, y_seqlen, sent2 = ys
+    start, end = replica_rows(tf.shape(x)[0], replica_id, num_replicas)
+    x_seqlen, y_seqlen = x_seqlen[start:end], y_seqlen[start:end]
+    t1, t2 = tf.maximum(tf.reduce_max(x_seqlen), 1), tf.maximum(tf.reduce_max(y_seqlen), 1)  # max of () is -2^31
+    return ((x[start:end, :t1], x_seqlen, sent1[start:end]),
+            (decoder_input[start:end, :t2], y[start:end, :t2], y_seqlen, sent2[start:end]))
+
+
+def replica_step(hp, xs, ys, optimizer, global_step):
+    """One replica's part of a training step (runs in replica context, once per replica).
+
+    xs, ys: the whole global batch. Returns this replica's loss, whose sum over replicas is the per-token loss of the
+    global batch, and the op that applies the gradients all-reduced over every replica and increments global_step.
+    """
+    context = tf.distribute.get_replica_context()
+    global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys[1], PAD_ID), tf.float32))
+    xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
+    loss_sum, _, _ = Transformer(hp).loss(xs, ys)
+    loss = loss_sum / (global_tokens + 1e-7)
+    train_op = optimizer.apply_gradients(optimizer.compute_gradients(loss), global_step=global_step)
+    return loss, train_op
+
+
+def cluster_mean(cluster, values):
+    """values: (k,) float64, one per process. Returns (k,) their mean over the processes of the cluster: values
+    itself (the same tensor) when this process is the only one."""
+    if cluster.server is None:
+        return values
+    return cluster.strategy.reduce(tf.distribute.ReduceOp.MEAN, values, axis=None)
+
+
+def build_train(cluster, hp, xs, ys):
+    """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
+
+    Returns a dict: loss (the per-token loss of the global batch), train_op, global_step, train_summaries, and the
+    ops that agree_to_stop and agree_on_checkpoint run. Build it before any other part of the model (an evaluation
+    Transformer(hp) built afterwards reuses its variables). With --distribute none the graph's variables and their
+    initial values are those of model.Transformer.train alone.
+    """
+    if cluster.strategy is None:
+        loss, train_op, global_step, summaries = Transformer(hp).train(xs, ys)
+    else:
+        loss, train_op, global_step, summaries = replicated_train(cluster.strategy, hp, xs, ys)
+    stop_vote, checkpoint_vote = tf1.placeholder(tf.float64, [2]), tf1.placeholder(tf.float64, [2])
+    return dict(loss=loss, train_op=train_op, global_step=global_step, train_summaries=summaries,
+                stop_vote=stop_vote, stop_votes=cluster_mean(cluster, stop_vote),
+                checkpoint_vote=checkpoint_vote, checkpoint_votes=cluster_mean(cluster, checkpoint_vote))
+
+
+def replicated_train(strategy, hp, xs, ys):
+    """model.Transformer.train for a strategy's replicas: the global batch xs, ys split over them.
+
+    Returns loss (per target token of the global batch), train_op, global_step and summaries (loss and lr).
+    """
+    with strategy.scope():
+        global_step = tf1.train.get_or_create_global_step()
+        optimizer, lr = make_optimizer(hp, global_step)
+        replica_losses, train_op = strategy.extended.call_for_each_replica(
+            replica_step, args=(hp, xs, ys, optimizer, global_step))
+        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_losses, axis=None)
+        train_op = tf.group(strategy.experimental_local_results(train_op))
+    summaries = tf1.summary.merge([tf1.summary.scalar("loss", loss), tf1.summary.scalar("lr", lr)])
+    return loss, train_op, global_step, summaries
+
+
+# ---------------------------------------------------------------- agreeing on when to stop and where to start
+def agree_to_stop(sess, g, signal, out_of_time):
+    """Every process calls this before every step; it returns the same answer in all of them.
+
+    signal: this process's pending stop request (e.g. "SIGINT") or None. out_of_time: its --max_minutes passed.
+    Returns (any process has a stop request, any process is out of time).
+    """
+    if g["stop_votes"] is g["stop_vote"]:  # a single process: nothing to agree on, nothing to run
+        return bool(signal), bool(out_of_time)
+    votes = sess.run(g["stop_votes"], {g["stop_vote"]: [float(bool(signal)), float(bool(out_of_time))]})
+    return bool(votes[0] > 0), bool(votes[1] > 0)
+
+
+def checkpoint_fingerprint(ckpt):
+    """A number naming a checkpoint path by its file name (hosts may mount the logdir elsewhere): crc32 of the
+    name modulo 2^24, so that its square is exact in float64; None (no checkpoint) -> -1."""
+    return -1 if ckpt is None else zlib.crc32(os.path.basename(ckpt).encode("utf-8")) % 2 ** 24
+
+
+def agree_on_checkpoint(sess, g, ckpt):
+    """Every process calls this before restoring or initializing the variables, with the checkpoint it would restore
+    (None to initialize). Raises UserError in every process unless all of them name the same checkpoint (a process
+    that can not see the chief's logdir would otherwise wait forever for the chief's initial values)."""
+    if g["checkpoint_votes"] is g["checkpoint_vote"]:
+        return
+    mine = float(checkpoint_fingerprint(ckpt))
+    mean, mean_square = sess.run(g["checkpoint_votes"], {g["checkpoint_vote"]: [mine, mine * mine]})
+    if mean != mine or mean_square != mine * mine:  # the mean of squares exceeds the squared mean unless all agree
+        raise UserError("the workers disagree on the checkpoint to resume from (this one: %s); every worker must see "
+                        "the chief's --logdir (a shared file system)" % (ckpt or "none, start from scratch"))
+
+
+class NullWriter:
+    """Stands in for tf1.summary.FileWriter on the processes that are not the chief."""
+
+    def add_summary(self, summary, step):
+        """Drops summary."""
+
+    def flush(self):
+        """Nothing to flush."""
+
+    def close(self):
+        """Nothing to close."""

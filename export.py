@@ -1,0 +1,111 @@
+"""Exports a trained model as a SavedModel that translates batches of token ids, with its sentencepiece model.
+
+    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH] [--beam_size 4 --alpha 0.6]
+
+Signature serving_default:
+    input   src_ids  int32 (N, T)    sentencepiece ids of each source sentence followed by </s> (3), padded with 0
+    output  ids      int32 (N, T')   the translations' ids, each ending in </s> (3) and padded with 0
+            scores   float32 (N,)    log p(ids | src) / ((5 + length) / 6)^alpha
+Beam size, alpha and the length limit (max_len_a * source length + max_len_b) are fixed at export; by default
+they are those of LOGDIR/hparams.json, as for test.py. The data dir's sentencepiece model is the SavedModel's
+only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates text with tensorflow and
+sentencepiece alone.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+
+import argparse
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from data_load import PAD_ID
+from model import Transformer
+from utils import (UserError, check_vocab, find_checkpoint, load_hparams, load_manifest, restore, run_cli,
+                   session_config)
+
+tf1 = tf.compat.v1
+
+DECODING_FLAGS = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
+
+
+def parse_args(argv):
+    """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given on top."""
+    parser = argparse.ArgumentParser(description="Export a trained model as a SavedModel (signature "
+                                                 "serving_default: src_ids -> ids, scores) with its sentencepiece "
+                                                 "model among the assets.")
+    parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
+    parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must not exist yet")
+    parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in --logdir")
+    parser.add_argument("--data_dir", help="data dir with the model's bpe.model; default the one in hparams.json")
+    parser.add_argument("--beam_size", type=int, help="beam width, 1 is greedy; default from hparams.json")
+    parser.add_argument("--alpha", type=float, help="length penalty ((5+len)/6)^alpha; default from hparams.json")
+    parser.add_argument("--max_len_a", type=float, help="decode at most max_len_a * source length + max_len_b "
+                                                        "steps; default from hparams.json")
+    parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
+    args = parser.parse_args(argv)
+    hp = load_hparams(args.logdir)
+    hp.trained_data_dir = hp.data_dir
+    vars(hp).update({flag: getattr(args, flag) for flag in DECODING_FLAGS if getattr(args, flag) is not None})
+    hp.logdir = args.logdir
+    if hp.beam_size < 1:
+        raise UserError("--beam_size must be at least 1, not %d" % hp.beam_size)
+    if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
+        raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
+                        % args.export_dir)
+    return args, hp
+
+
+def build_translator(hp):
+    """Translation graph over a src_ids placeholder (N, T), in the default graph.
+
+    Returns the signature's inputs {"src_ids"} and outputs {"ids" (N, T'), "scores" (N,)}.
+    """
+    src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
+    x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)  # (N,), counts </s>
+    xs = (src_ids, x_seqlen, tf.zeros_like(x_seqlen, tf.string))
+    ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+    return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"), "scores": tf.identity(scores, name="scores")}
+
+
+def save_model(sess, export_dir, inputs, outputs, asset):
+    """Writes the session's graph and variables as a SavedModel (tag serve) with a serving_default signature
+    and the file asset copied into EXPORT_DIR/assets. Writes to a temporary directory first, so that an
+    interrupted export leaves no half-written export_dir."""
+    tf1.add_to_collection(tf1.GraphKeys.ASSET_FILEPATHS, tf.constant(asset, name="bpe_model_path"))
+    signature = tf1.saved_model.signature_def_utils.predict_signature_def(inputs, outputs)
+    parent = os.path.dirname(os.path.abspath(export_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-export-")
+    try:
+        builder = tf1.saved_model.Builder(tmp)
+        builder.add_meta_graph_and_variables(
+            sess, [tf1.saved_model.tag_constants.SERVING],
+            signature_def_map={tf1.saved_model.signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signature},
+            assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS), strip_default_attrs=True)
+        builder.save()
+        os.replace(tmp, export_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None):
+    tf1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    args, hp = parse_args(argv)
+    manifest = load_manifest(hp.data_dir)
+    check_vocab(hp, manifest, hp.trained_data_dir)
+    ckpt = find_checkpoint(hp.logdir, args.ckpt)
+    with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
+        inputs, outputs = build_translator(hp)
+        restore(sess, ckpt, hp.logdir)
+        save_model(sess, args.export_dir, inputs, outputs, os.path.join(hp.data_dir, manifest["bpe_model"]))
+    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
+          % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, args.export_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,104 @@
+"""export.py and scripts/serve_example.py: a SavedModel that a program without this project's code serves, and
+that translates exactly as test.py does."""
+import ast
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+import export
+import prepro
+import test as test_cli
+import train
+from utils import UserError, read_lines
+
+tf1 = tf.compat.v1
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVE_EXAMPLE = os.path.join(REPO_ROOT, "scripts", "serve_example.py")
+TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
+              "--max_steps", "30", "--lr", "3e-3", "--warmup_steps", "30", "--test_batch_size", "64"]
+DECODING = ["--beam_size", "2", "--alpha", "0.6"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny numbers data dir and a model trained on it for 30 steps: (root, data_dir, logdir)."""
+    root = tmp_path_factory.mktemp("export")
+    data_dir, logdir = str(root / "data"), str(root / "run")
+    assert prepro.main(["--data_dir", data_dir, "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
+                        "--vocab_size", "300"]) == 0
+    assert train.main(["--data_dir", data_dir, "--logdir", logdir] + TINY_MODEL) == 0
+    return root, data_dir, logdir
+
+
+@pytest.fixture(scope="module")
+def export_dir(trained):
+    root, _, logdir = trained
+    path = str(root / "export")
+    assert export.main(["--logdir", logdir, "--export_dir", path] + DECODING) == 0
+    return path
+
+
+def test_serve_example_prints_what_test_py_translates(trained, export_dir):
+    root, data_dir, logdir = trained
+    assert test_cli.main(["--logdir", logdir, "--testdir", str(root / "test")] + DECODING) == 0
+    hypotheses = read_lines(str(root / "test" / "hypotheses.txt"))
+    assert len(set(hypotheses)) >= 3, hypotheses  # a comparison that can tell sentences apart
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    served = subprocess.run([sys.executable, SERVE_EXAMPLE, export_dir] + read_lines(os.path.join(data_dir, "test.1")),
+                            capture_output=True, text=True, cwd=str(root), env=env, timeout=300)
+    assert served.returncode == 0, served.stderr[-2000:]
+    assert served.stdout.splitlines() == hypotheses
+
+
+def test_serve_example_imports_only_tensorflow_and_sentencepiece():
+    with open(SERVE_EXAMPLE, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names}
+    assert imported <= {"sys", "os", "json", "tensorflow", "sentencepiece"}, imported
+
+
+def test_saved_model_signature_and_sentencepiece_asset(trained, export_dir):
+    _, data_dir, _ = trained
+    assert os.listdir(os.path.join(export_dir, "assets")) == ["bpe.model"]
+    with open(os.path.join(export_dir, "assets", "bpe.model"), "rb") as exported, \
+            open(os.path.join(data_dir, "bpe.model"), "rb") as original:
+        assert exported.read() == original.read()
+
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(data_dir, "bpe.model"))
+    sources = [ids + [3] for ids in sp.encode(read_lines(os.path.join(data_dir, "test.1"))[:3])]
+    src_ids = np.zeros([3, max(map(len, sources))], np.int32)
+    for row, ids in zip(src_ids, sources):
+        row[:len(ids)] = ids
+    with tf.Graph().as_default() as graph, tf1.Session() as sess:
+        meta_graph = tf1.saved_model.loader.load(sess, [tf1.saved_model.tag_constants.SERVING], export_dir)
+        signature = meta_graph.signature_def["serving_default"]
+
+        def specs(tensors):
+            return {name: (tf.as_dtype(info.dtype), [dim.size for dim in info.tensor_shape.dim])
+                    for name, info in tensors.items()}
+        assert specs(signature.inputs) == {"src_ids": (tf.int32, [-1, -1])}
+        assert specs(signature.outputs) == {"ids": (tf.int32, [-1, -1]), "scores": (tf.float32, [-1])}
+        ids, scores = sess.run([graph.get_tensor_by_name(signature.outputs[name].name) for name in ("ids", "scores")],
+                               {graph.get_tensor_by_name(signature.inputs["src_ids"].name): src_ids})
+    assert scores.shape == (3,) and np.all(scores < 0)
+    for row in ids.tolist():
+        assert 3 in row and not any(row[row.index(3) + 1:]), row  # ends in </s>, then 0s
+
+
+def test_export_refuses_a_non_empty_export_dir(trained, export_dir):
+    _, _, logdir = trained
+    with pytest.raises(UserError, match="--export_dir .* already exists and is not empty"):
+        export.main(["--logdir", logdir, "--export_dir", export_dir])
+
+
+def test_export_of_a_missing_checkpoint(trained, tmp_path):
+    _, _, logdir = trained
+    with pytest.raises(UserError, match="checkpoint .*nope-1 not found; checkpoints in .*: .*E02"):
+        export.main(["--logdir", logdir, "--export_dir", str(tmp_path / "x"), "--ckpt", logdir + "/nope-1"])
+    assert not os.path.exists(tmp_path / "x")

@@ -1,0 +1,497 @@
+"""Reliability (issue 7): interruptions and kills never lose work, a non-finite loss never overwrites good weights,
+mismatched or damaged checkpoints and awkward inputs give one clear line or the right output, and training is
+deterministic for a seed.
+
+train.py and test.py run in subprocesses, as a user runs them; graphs are built in-process where only their
+numbers matter.
+"""
+import fcntl
+import json
+import os
+import pty
+import random
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import distributed
+import prepro
+import train
+from utils import atomic_write, calc_bleu, read_lines, session_config
+
+tf1 = tf.compat.v1
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--threads", "1",
+              "--test_batch_size", "256"]
+TRAIN_PAIRS = 2000
+SAVED = re.compile(r"^(SIGINT|SIGTERM): saved (\S+) at step (\d+); run the same command to resume$", re.M)
+RESUMED = re.compile(r"^resumed from (\S+) at step (\d+), epoch (\d+)$", re.M)
+PROGRESS = re.compile(r"epoch (\d+):\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)")
+
+# The test split of the data dir that every trained model here uses: each awkward case once. Source, target.
+EDGE_TEST = [
+    ("dreiundzwanzig", "twenty-three"),
+    ("", ""),  # empty pair
+    ("", "an empty source"),  # empty source, its reference still counts in BLEU
+    (" ".join(["eins zwei drei"] * 150), " ".join(["one two three"] * 150)),  # 450 words
+    ("北京 🙂 Ωμέγα zwölf", "Beijing smile omega twelve"),  # characters the BPE model never saw
+    ("null\u2028eins\x85zwei", "zero\u2029one two"),  # Unicode line separators inside a line
+    ("  drei\t\u00a0vier  ", "three four"),  # tabs, no-break space, surrounding blanks
+    ("einundzwanzig", "twenty-one"),  # the last line, written without a newline
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def script(name, *args):
+    """Command line running one of the repository's scripts with string arguments."""
+    return [sys.executable, str(ROOT / name), *map(str, args)]
+
+
+def run(name, *args):
+    """Runs a script to its end. Returns (exit code, stdout, stderr)."""
+    result = subprocess.run(script(name, *args), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stdout, result.stderr
+
+
+def run_all(commands):
+    """Runs several scripts at once ([(name, args), ...]). Returns their (exit code, stdout, stderr), in order."""
+    processes = [subprocess.Popen(script(name, *args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for name, args in commands]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        results.append((process.returncode, out, err))
+    return results
+
+
+def assert_one_error_line(code, stderr, *phrases):
+    """A user error: exit code 2, no traceback, one `error:` line holding every phrase."""
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1, stderr
+    for phrase in phrases:
+        assert phrase in errors[0], errors[0]
+    return errors[0]
+
+
+class Training:
+    """A train.py process whose stderr is a terminal, so that its progress bar tells the step it has reached.
+    Used as a context manager, which kills the process if a test fails before it ends."""
+
+    def __init__(self, *args):
+        terminal, child_end = pty.openpty()
+        fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
+        self.process = subprocess.Popen(script("train.py", *args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                                        stderr=child_end, text=True)
+        os.close(child_end)
+        self.stdout, self.terminal = [], []
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read_terminal, args=(terminal,), daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def _read_stdout(self):
+        for line in self.process.stdout:
+            self.stdout.append(line)
+
+    def _read_terminal(self, terminal):
+        while True:
+            try:
+                data = os.read(terminal, 4096)
+            except OSError:  # the process closed the terminal
+                break
+            if not data:
+                break
+            self.terminal.append(data.decode("utf-8", "replace"))
+        os.close(terminal)
+
+    def wait_for(self, condition, what, timeout=120):
+        """Waits until condition() is true; fails if the process ends first or after timeout seconds."""
+        deadline = time.time() + timeout
+        while not condition():
+            assert self.process.poll() is None, "train.py ended (exit code %s) before %s:\n%s%s" % (
+                self.process.returncode, what, "".join(self.stdout), "".join(self.terminal)[-3000:])
+            assert time.time() < deadline, "no %s after %d s" % (what, timeout)
+            time.sleep(0.05)
+
+    def global_step_shown(self, steps_per_epoch):
+        """The global step that the progress bar shows last (0 before it appears)."""
+        shown = PROGRESS.findall("".join(self.terminal)[-2000:])
+        if not shown:
+            return 0
+        epoch, done, total = map(int, shown[-1])
+        assert total == steps_per_epoch
+        return (epoch - 1) * steps_per_epoch + done
+
+    def wait_for_step(self, step, steps_per_epoch):
+        self.wait_for(lambda: self.global_step_shown(steps_per_epoch) >= step, "step %d" % step)
+
+    def wait_for_stdout(self, pattern):
+        """Waits for a line of stdout that matches the regular expression pattern; returns the match."""
+        def search():
+            return re.search(pattern, "".join(self.stdout), re.M)
+
+        self.wait_for(search, "line matching %r" % pattern)
+        return search()
+
+    def finish(self):
+        """Waits for the process to end. Returns (exit code, stdout)."""
+        code = self.process.wait(timeout=120)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code, "".join(self.stdout)
+
+
+def write_files_corpus(folder, splits):
+    """Writes {split: [(source, target), ...]} as the six files of prepro's --dataset files, the test split with
+    Windows line endings and no final newline (unless its last line is empty). Returns the prepro arguments."""
+    folder.mkdir(parents=True, exist_ok=True)
+    args = ["--dataset", "files"]
+    for split, pairs in splits.items():
+        for side in (1, 2):
+            lines = [pair[side - 1] for pair in pairs]
+            text = "".join(line + "\n" for line in lines)
+            if split == "test":  # a last line that is empty needs its newline
+                text = "\r\n".join(lines) + ("\r\n" if lines[-1] == "" else "")
+            path = folder / ("%s.%d" % (split, side))
+            path.write_bytes(text.encode("utf-8"))
+            args += ["--%s%d" % (split, side), path]
+    return args
+
+
+def checkpoint_step(ckpt):
+    return int(ckpt.rsplit("-", 1)[1])
+
+
+def read_checkpoint(ckpt):
+    """Every tensor of a checkpoint, read in full: {name: numpy value}."""
+    reader = tf.train.load_checkpoint(str(ckpt))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def assert_finite(values):
+    for name, value in values.items():
+        if np.issubdtype(value.dtype, np.floating):
+            assert np.isfinite(value).all(), name
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A numbers corpus (2000 train, 30 dev pairs) with the test split EDGE_TEST, built by prepro."""
+    corpus = prepro.numbers_corpus(TRAIN_PAIRS, 30, 1, seed=1)
+    folder = tmp_path_factory.mktemp("corpus")
+    args = write_files_corpus(folder / "in", {"train": list(zip(*corpus["train"])),
+                                              "eval": list(zip(*corpus["eval"])), "test": EDGE_TEST})
+    assert prepro.main([*map(str, args), "--vocab_size", "300", "--data_dir", str(folder / "data")]) == 0
+    return folder / "data"
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    """A logdir with a tiny model trained one epoch (15 steps): its only checkpoint is E01_...-15."""
+    logdir = tmp_path_factory.mktemp("trained") / "run"
+    code, out, err = run("train.py", "--data_dir", data_dir, "--logdir", logdir, *TINY_MODEL,
+                         "--batch_size", "2000", "--max_steps", "15")
+    assert code == 0, err
+    assert tf.train.latest_checkpoint(str(logdir)).endswith("-15")
+    return logdir
+
+
+def copy_logdir(logdir, target):
+    shutil.copytree(logdir, target)
+    return target
+
+
+# ------------------------------------------------------------------------------------------------
+# Interruptions
+
+
+def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp_path):
+    steps_per_epoch = TRAIN_PAIRS // 16
+    args = ["--data_dir", data_dir, "--logdir", tmp_path / "run", *TINY_MODEL, "--batch_type", "sentences",
+            "--batch_size", "16", "--eval_every", "100", "--max_steps", "100000"]
+
+    with Training(*args) as first:
+        first.wait_for_step(3, steps_per_epoch)
+        first.process.send_signal(signal.SIGINT)
+        code, out = first.finish()
+    assert code == 0, out
+    name, ckpt, step = SAVED.search(out).groups()
+    step = int(step)
+    assert name == "SIGINT" and ckpt == str(tmp_path / "run" / ("interrupted-%d" % step)) and step >= 3
+    values = read_checkpoint(ckpt)
+    epoch, epoch_step = values["training_state"]
+    assert values["global_step"] == step and epoch * steps_per_epoch + epoch_step == step
+    # Adam's bias correction counts the same steps, so its state goes on where it was too.
+    np.testing.assert_allclose(values["beta1_power"], 0.9 ** (step + 1), rtol=1e-4)
+    with Training(*args) as second:
+        assert second.wait_for_stdout(RESUMED.pattern).groups() == (ckpt, str(step), str(epoch + 1))
+        second.wait_for_step(max(step + 3, 101), steps_per_epoch)
+        second.process.send_signal(signal.SIGTERM)
+        code, out = second.finish()
+    assert code == 0, out
+    name, ckpt, step = SAVED.search(out).groups()
+    step = int(step)
+    epoch, epoch_step = read_checkpoint(ckpt)["training_state"]
+    assert name == "SIGTERM" and epoch * steps_per_epoch + epoch_step == step
+    # The summaries of step 100 (written every 100 steps) are on disk, and their learning rate is the Noam
+    # schedule's at global step 100, wherever the runs were interrupted.
+    lr = {event.step: value.simple_value for path in (tmp_path / "run").glob("events.out.tfevents.*")
+          for event in tf1.train.summary_iterator(str(path)) for value in event.summary.value if value.tag == "lr"}
+    np.testing.assert_allclose(lr[100], 1e-3 * 1000 ** 0.5 * 100 * 1000 ** -1.5, rtol=0.011)
+
+    code, out, err = run("train.py", *args[:4], "--max_steps", step + 2)
+    assert code == 0, err
+    assert RESUMED.search(out).groups() == (ckpt, str(step), str(epoch + 1))
+    assert "done: step %d" % (step + 2) in out
+
+
+def checkpoint_files_being_written(logdir):
+    """Names of the temporary files of TensorFlow's checkpoint writer in logdir (renamed into place when done)."""
+    return {name for name in os.listdir(logdir) if ".tempstate" in name}
+
+
+def kill_while_a_checkpoint_is_written(training, logdir, timeout=30):
+    """Kills training as soon as a new checkpoint file is being written."""
+    before, deadline = checkpoint_files_being_written(logdir), time.time() + timeout
+    while not checkpoint_files_being_written(logdir) - before:
+        assert training.process.poll() is None and time.time() < deadline, "no checkpoint written"
+        time.sleep(0.001)
+    training.process.kill()
+
+
+def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, tmp_path):
+    """Epochs of two steps, so that a checkpoint is written several times a second. Two kills land while one is
+    being written, two at random moments."""
+    logdir = tmp_path / "run"
+    args = ["--data_dir", data_dir, "--logdir", logdir, *TINY_MODEL, "--batch_type", "sentences",
+            "--batch_size", str(TRAIN_PAIRS // 2), "--eval_every", "100000", "--num_epochs", "100000",
+            "--keep_checkpoints", "2"]
+    moments = ["while writing", random.uniform(0, 1), "while writing", random.uniform(0, 1)]
+    for moment in moments:
+        with Training(*args) as training:
+            training.wait_for_stdout(r"^epoch \d+ \| step")  # a checkpoint exists
+            if moment == "while writing":
+                kill_while_a_checkpoint_is_written(training, logdir)
+            else:
+                time.sleep(moment)
+                training.process.kill()
+            assert training.finish()[0] == -signal.SIGKILL
+        state = tf1.train.get_checkpoint_state(str(logdir))
+        assert state is not None, "no checkpoint index after a kill %s" % moment
+        for ckpt in state.all_model_checkpoint_paths:
+            assert_finite(read_checkpoint(ckpt))
+        assert json.loads((logdir / "hparams.json").read_text())["d_model"] == 32
+    latest = tf.train.latest_checkpoint(str(logdir))
+    step = checkpoint_step(latest)
+
+    code, out, err = run("train.py", "--logdir", logdir, "--max_steps", step + 4)
+    assert code == 0, err
+    assert RESUMED.search(out).group(1, 2) == (latest, str(step)), "kills at %s" % moments
+    assert "done: step %d" % (step + 4) in out
+
+
+def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    atomic_write(str(path), "old\n")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(str(path), "new, but never complete\n")
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["results.json"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Non-finite loss
+
+
+def test_a_non_finite_loss_stops_without_saving(trained, tmp_path):
+    logdir = copy_logdir(trained, tmp_path / "run")
+    before = sorted(os.listdir(logdir))
+    good = tf.train.latest_checkpoint(str(logdir))
+    code, out, err = run("train.py", "--logdir", logdir, "--lr", "1e9", "--max_steps", "100")
+    line = assert_one_error_line(code, err, "stopped without saving, the last good checkpoint is %s" % good,
+                                 "Try a lower --lr, a longer --warmup_steps")
+    step = int(re.search(r"loss is nan at step (\d+) \(epoch \d+\)", line).group(1))
+    assert step > 15
+    assert tf.train.latest_checkpoint(str(logdir)) == good
+    assert [name for name in sorted(os.listdir(logdir)) if name not in before] == []
+    assert_finite(read_checkpoint(good))
+
+
+def tiny_graph(data_dir, logdir, **overrides):
+    """train.build_graph for a tiny model on data_dir, in a new graph. Returns (graph, ops, hp)."""
+    args = ["--data_dir", str(data_dir), "--logdir", str(logdir), *TINY_MODEL, "--batch_size", "2000"]
+    for flag, value in overrides.items():
+        args += ["--" + flag, str(value)]
+    hp, manifest = train.resolve_hparams(args)
+    graph = tf.Graph()
+    with graph.as_default():
+        cluster = distributed.make_cluster(hp, session_config(hp))  # --distribute none: this process alone
+        return graph, train.build_graph(hp, manifest, cluster), hp
+
+
+def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
+    """A non-finite gradient in the last step of an epoch leaves a finite loss but NaN weights: train_epoch,
+    after which train.py saves, must refuse them."""
+    graph, g, hp = tiny_graph(data_dir, tmp_path)
+    with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        weight = tf1.trainable_variables()[0]
+        sess.run(tf1.assign(weight, tf.fill(tf.shape(weight), np.nan)))
+        already_stopped = SimpleNamespace(signal="SIGINT")
+        with pytest.raises(FloatingPointError, match="weights are not finite after step 0"):
+            train.train_epoch(sess, g, hp, 0, 0, None, already_stopped, float("inf"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Wrong pairings and damaged checkpoints
+
+
+def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained, tmp_path):
+    other_size, other_pieces = tmp_path / "vocab320", tmp_path / "other_pieces"
+    assert prepro.main(["--n_train", "2000", "--n_eval", "5", "--n_test", "5", "--vocab_size", "320",
+                        "--data_dir", str(other_size)]) == 0
+    assert prepro.main(["--seed", "2", "--n_train", "2000", "--n_eval", "5", "--n_test", "5", "--vocab_size",
+                        "300", "--data_dir", str(other_pieces)]) == 0
+    good = tf.train.latest_checkpoint(str(trained))
+
+    truncated = copy_logdir(trained, tmp_path / "truncated")
+    data_file = truncated / (Path(good).name + ".data-00000-of-00001")
+    os.truncate(data_file, data_file.stat().st_size // 2)
+    other_shape = copy_logdir(trained, tmp_path / "other_shape")
+    hparams = json.loads((other_shape / "hparams.json").read_text())
+    (other_shape / "hparams.json").write_text(json.dumps({**hparams, "d_ff": 128}))
+    lost = copy_logdir(trained, tmp_path / "lost")
+    for path in lost.glob(Path(good).name + ".*"):
+        path.unlink()
+
+    results = run_all([
+        ("test.py", ["--logdir", trained, "--data_dir", other_size]),
+        ("test.py", ["--logdir", trained, "--data_dir", other_pieces]),
+        ("test.py", ["--logdir", trained, "--d_model", "64"]),
+        ("test.py", ["--logdir", trained, "--ckpt", trained / "E09-99"]),
+        ("test.py", ["--logdir", truncated]),
+        ("train.py", ["--logdir", truncated, "--max_steps", "30"]),
+        ("test.py", ["--logdir", other_shape]),
+        ("train.py", ["--logdir", lost, "--max_steps", "30"]),
+    ])
+    vocab_size, vocab_pieces, d_model, missing, truncated_test, truncated_train, shape, lost_latest = results
+    assert_one_error_line(*vocab_size[::2], "vocab size 320 of %s does not match vocab size 300" % other_size,
+                          "pass the --data_dir it was trained on (%s)" % data_dir)
+    assert_one_error_line(*vocab_pieces[::2], "BPE vocabulary of %s has the model's size 300 but other pieces"
+                          % other_pieces, "(%s)" % data_dir)
+    assert_one_error_line(*d_model[::2], "has --d_model 32 (from its hparams.json); drop --d_model 64")
+    assert_one_error_line(*missing[::2], "checkpoint %s not found; checkpoints in %s: %s"
+                          % (trained / "E09-99", trained, good))
+    for result in truncated_test, truncated_train:
+        assert_one_error_line(*result[::2], "cannot restore %s (Read less bytes than requested); checkpoints in "
+                              "%s: %s" % (truncated / Path(good).name, truncated, truncated / Path(good).name))
+    assert_one_error_line(*shape[::2], "does not match the model that %s/hparams.json describes" % other_shape,
+                          "is [32, 64] in the checkpoint but [32, 128] in the model")
+    assert_one_error_line(*lost_latest[::2], "checkpoint %s not found" % (lost / Path(good).name))
+    assert not list(lost.glob("*.index")), "train.py started from scratch over a lost checkpoint"
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs at the edges
+
+
+def test_every_test_line_gets_one_hypothesis_in_order(data_dir, trained, tmp_path):
+    """EDGE_TEST: empty lines, a 450-word line, unseen characters, line separators, Windows line endings and no
+    final newline. (Invalid UTF-8 is refused by prepro with file and line: tests/test_prepro.py
+    test_invalid_utf8_names_file_and_line.)"""
+    code, out, err = run("test.py", "--logdir", trained, "--testdir", tmp_path)
+    assert code == 0, err
+    hypotheses = (tmp_path / "hypotheses.txt").read_text(encoding="utf-8").split("\n")
+    assert len(hypotheses) == len(EDGE_TEST) + 1 and hypotheses[-1] == ""
+    hypotheses = hypotheses[:-1]
+    assert hypotheses[1] == hypotheses[2] == ""  # empty sources; the order of batches: tests/test_data_load.py
+    results = json.loads((tmp_path / "results.json").read_text())
+    references = read_lines(data_dir / "test.2")
+    assert results["sentences"] == len(references) == len(EDGE_TEST)
+    assert references[2] == "an empty source" and references[5] == "zero one two"
+    assert results["bleu"] == round(calc_bleu(references, hypotheses)[0], 2)
+
+
+def test_prepro_filters_thousands_of_bad_training_pairs_and_never_dev_or_test(tmp_path):
+    corpus = prepro.numbers_corpus(3000, 100, 100, seed=3)
+    good = list(zip(*corpus["train"]))
+    bad = (good[:2000]  # repeats
+           + [("", "only a target"), ("only a source", ""), ("", "")] * 400  # empty sides
+           + [("eins", "one " * 30)] * 1 + [(" ".join(["zwei"] * 25) + " %d" % i, "two") for i in range(49)])
+    train_pairs = good + bad
+    random.Random(0).shuffle(train_pairs)
+    dev = list(zip(*corpus["eval"])) + [("", "")] * 5 + [good[0]] * 5 + [("eins", "one " * 30)]
+    test = list(zip(*corpus["test"])) + [("", "nothing")] * 3
+    args = [*map(str, write_files_corpus(tmp_path / "in", {"train": train_pairs, "eval": dev, "test": test})),
+            "--vocab_size", "300"]
+
+    assert prepro.main(args + ["--data_dir", str(tmp_path / "reported")]) == 0
+    report = json.loads((tmp_path / "reported" / "manifest.json").read_text())["splits"]
+    assert (report["train"]["empty_pairs"], report["train"]["duplicate_pairs"]) == (1200, 2000)
+    assert report["train"]["ratio_outliers"] == 50 and report["train"]["lines"] == 3000 + 2000 + 50
+
+    assert prepro.main(args + ["--dedup", "--filter_ratio", "--data_dir", str(tmp_path / "filtered")]) == 0
+    report = json.loads((tmp_path / "filtered" / "manifest.json").read_text())["splits"]
+    assert (report["train"]["dropped_empty"], report["train"]["dropped_duplicates"],
+            report["train"]["dropped_ratio"]) == (1200, 2000, 50)
+    kept = list(zip(read_lines(tmp_path / "filtered" / "train.1"), read_lines(tmp_path / "filtered" / "train.2")))
+    assert sorted(kept) == sorted(good)
+    for split, pairs in ("eval", dev), ("test", test):
+        assert report[split]["lines"] == len(pairs)
+        assert read_lines(tmp_path / "filtered" / ("%s.1" % split)) == [source for source, _ in pairs]
+        assert report[split]["dropped_empty"] == report[split]["dropped_duplicates"] == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Determinism
+
+
+def first_losses(data_dir, logdir, steps=20, **overrides):
+    """The losses of the first steps of train.py's graph and session (dropout on, shuffled batches)."""
+    graph, g, hp = tiny_graph(data_dir, logdir, threads=0, batch_size=1000, **overrides)
+    with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(g["train_init"], {g["epoch"]: 0, g["skip"]: 0})
+        return [sess.run([g["train_op"], g["loss"]])[1] for _ in range(steps)]
+
+
+def test_the_same_seed_gives_the_same_first_20_losses(data_dir, tmp_path):
+    """Exactly the same losses (CPU), while another seed gives other ones. (prepro's output is byte-identical for
+    the same inputs: tests/test_prepro.py test_numbers_data_dir_is_byte_identical_for_a_seed.)"""
+    first, again = first_losses(data_dir, tmp_path), first_losses(data_dir, tmp_path)
+    assert len(first) == 20 and first == again
+    assert first_losses(data_dir, tmp_path, seed=99) != first
