@@ -16,8 +16,9 @@ Variable names (stable across versions, so checkpoints restore; see README):
 """
 import tensorflow as tf
 
-from modules import (attention_heads, dense, dropout, ff, get_token_embeddings, ln, matmul, multihead_attention,
-                     noam_scheme, positional_encoding, smoothed_cross_entropy, sublayer_input, sublayer_output)
+from modules import (dense, dropout, ff, get_token_embeddings, ln, matmul, merge_heads, multihead_attention, noam_scheme,
+                     positional_encoding, scaled_dot_product_attention, smoothed_cross_entropy, split_heads,
+                     sublayer_input, sublayer_output)
 
 tf1 = tf.compat.v1
 
@@ -138,41 +139,46 @@ class Transformer:
         return loss, train_op, global_step, summaries
 
     # ---------------------------------------------------------------- decoding
-    def _project_memory(self, memory):
-        """Cross-attention keys and values of every decoder block, computed once per sentence.
+    def _heads(self, inputs, scope):
+        """Projection `scope` of inputs (B, T, d_model), split into heads: (B*h, T, d_model/h)."""
+        return split_heads(dense(inputs, self.hp.d_model, scope=scope, dtype=self.dtype), self.hp.num_heads)
 
-        memory: (B, T1, d_model). Returns a list of num_blocks pairs (K, V), each (B, T1, d_model).
+    def _project_memory(self, memory):
+        """Cross-attention keys and values of every decoder block, computed and split into heads once per batch.
+
+        memory: (B, T1, d_model). Returns a list of num_blocks pairs (K, V), each (B*h, T1, d_model/h).
         """
         projections = []
         with tf1.variable_scope("decoder", reuse=True):
             for i in range(self.hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
-                    projections.append((dense(memory, self.hp.d_model, scope="k", dtype=self.dtype),
-                                        dense(memory, self.hp.d_model, scope="v", dtype=self.dtype)))
+                    projections.append((self._heads(memory, "k"), self._heads(memory, "v")))
         return projections
 
     def _cached_attention(self, queries, K, V, key_masks, scope):
-        """multihead_attention for queries whose keys and values are already projected.
+        """multihead_attention for one query position whose keys and values are projected and split already.
 
-        queries: (B, 1, d_model). K, V: (B, T_k, d_model). Returns (B, 1, d_model), attention (B, h, 1, T_k).
+        queries: (B, 1, d_model). K, V: (B*h, T_k, d_model/h). key_masks: (B*h, T_k) or None.
+        Returns (B, 1, d_model).
         """
         hp = self.hp
         with tf1.variable_scope(scope, reuse=True):
             x = sublayer_input(queries, hp.norm_type)
-            Q = dense(x, hp.d_model, scope="q", dtype=self.dtype)
-            outputs, attention = attention_heads(Q, K, V, key_masks, hp.num_heads, training=False)
-            outputs = dense(outputs, hp.d_model, scope="o", dtype=self.dtype)
-            return sublayer_output(queries, outputs, hp.norm_type, 0.0, False), attention
+            outputs, _ = scaled_dot_product_attention(self._heads(x, "q"), K, V, key_masks, training=False)
+            outputs = dense(merge_heads(outputs, hp.num_heads), hp.d_model, scope="o", dtype=self.dtype)
+            return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
 
     def _cached_step(self, tokens, step, cache, memory_kv, src_masks):
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
-        cache: list of num_blocks pairs (K, V), each (B, step, d_model), the self-attention projections so far.
-        memory_kv: list of num_blocks pairs (K, V), each (B, T1, d_model). src_masks: (B, T1).
-        Returns logits (B, V) and the cache with this position appended, each (B, step+1, d_model).
+        cache: list of num_blocks pairs (K, V), each (B, h, step, d_model/h), the self-attention keys and values
+            so far (sentence-major, so that beam search can reorder them by sentence).
+        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
+        Returns logits (B, V) and the cache with this position appended, each (B, h, step+1, d_model/h).
         """
         hp = self.hp
+        d_head = hp.d_model // hp.num_heads
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
             dec = self._embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
@@ -180,23 +186,26 @@ class Transformer:
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
                         x = sublayer_input(dec, hp.norm_type)
-                        K = tf.concat([K, dense(x, hp.d_model, scope="k", dtype=self.dtype)], 1)  # (B, step+1, d)
-                        V = tf.concat([V, dense(x, hp.d_model, scope="v", dtype=self.dtype)], 1)
-                    new_cache.append((K, V))
-                    dec, _ = self._cached_attention(dec, K, V, None, "self_attention")
-                    dec, _ = self._cached_attention(dec, mem_K, mem_V, src_masks, "vanilla_attention")
+                        K = tf.concat([K, tf.reshape(self._heads(x, "k"), [-1, hp.num_heads, 1, d_head])], 2)
+                        V = tf.concat([V, tf.reshape(self._heads(x, "v"), [-1, hp.num_heads, 1, d_head])], 2)
+                    new_cache.append((K, V))  # (B, h, step+1, d_model/h)
+                    K, V = (tf.reshape(t, [-1, step + 1, d_head]) for t in (K, V))  # (B*h, step+1, d_model/h)
+                    dec = self._cached_attention(dec, K, V, None, "self_attention")
+                    dec = self._cached_attention(dec, mem_K, mem_V, src_masks, "vanilla_attention")
                     dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
         return self._logits(dec)[:, 0, :], new_cache
 
     def _cached_decoder(self, memory, src_masks):
         """Step function and initial state for decoding with a cache. memory: (B, T1, d_model)."""
+        hp = self.hp
         memory_kv = self._project_memory(memory)
-        empty = tf.zeros([tf.shape(memory)[0], 0, self.hp.d_model])  # (B, 0, d_model)
-        cache = [(empty, empty) for _ in range(self.hp.num_blocks)]
+        head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
+        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, 0, hp.d_model // hp.num_heads])  # (B, h, 0, d/h)
+        cache = [(empty, empty) for _ in range(hp.num_blocks)]
 
         def step_fn(tokens, step, state):
-            return self._cached_step(tokens, step, state, memory_kv, src_masks)
+            return self._cached_step(tokens, step, state, memory_kv, head_masks)
         return step_fn, cache
 
     def _uncached_decoder(self, memory, src_masks):
@@ -311,8 +320,14 @@ def tile_beams(tensor, beam_size):
 
 
 def _state_invariants(state):
-    """Shape invariants of decoder states (B, t, ...): batch and time may change, the rest is static."""
-    return tf.nest.map_structure(lambda s: tf.TensorShape([None, None] + s.shape.as_list()[2:]), state)
+    """Shape invariants of decoder states: a prefix (B, t) may change in both axes, a cache (B, h, t, d_model/h)
+    in all but the last."""
+    def invariant(tensor):
+        dims = [None] * tensor.shape.rank
+        if tensor.shape.rank > 2:
+            dims[-1] = tensor.shape[-1]
+        return tf.TensorShape(dims)
+    return tf.nest.map_structure(invariant, state)
 
 
 def greedy_search(step_fn, state, max_steps, alpha, append=None):

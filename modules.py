@@ -79,14 +79,14 @@ def get_token_embeddings(vocab_size, num_units, zero_pad=True):
 def mask(inputs, key_masks=None, type=None):
     """Masks attention logits (Section 3.2.3).
 
-    inputs: (h*N, T_q, T_k) logits, heads stacked head-major on the first axis.
+    inputs: (N*h, T_q, T_k) logits, each sentence's h heads next to each other on the first axis.
     key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)).
     type: "key" gives padded keys MASKED_LOGIT; "future" gives keys later than the query MASKED_LOGIT.
-    Returns (h*N, T_q, T_k).
+    Returns (N*h, T_q, T_k).
     """
     if type == "key":
         heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
-        key_masks = tf.tile(key_masks, [heads, 1])  # (h*N, T_k)
+        key_masks = tf.repeat(key_masks, heads, axis=0)  # (N*h, T_k)
         return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
     if type == "future":
         allowed = tf.linalg.band_part(tf.ones_like(inputs[0, :, :]), -1, 0) > 0  # (T_q, T_k): key <= query
@@ -114,13 +114,17 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
 
 
 def split_heads(x, num_heads):
-    """(N, T, d_model) -> (h*N, T, d_model/h), heads stacked head-major on the batch axis."""
-    return tf.concat(tf.split(x, num_heads, axis=2), axis=0)
+    """(N, T, d_model) -> (N*h, T, d_model/h): each sentence's heads next to each other on the batch axis."""
+    n_batch, length, d_model = tf.shape(x)[0], tf.shape(x)[1], x.shape[-1]
+    heads = tf.reshape(x, [n_batch, length, num_heads, d_model // num_heads])  # (N, T, h, d_model/h)
+    return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, length, d_model // num_heads])  # (N*h, T, d_model/h)
 
 
 def merge_heads(x, num_heads):
-    """(h*N, T, d_model/h) -> (N, T, d_model); the inverse of split_heads."""
-    return tf.concat(tf.split(x, num_heads, axis=0), axis=2)
+    """(N*h, T, d_model/h) -> (N, T, d_model); the inverse of split_heads."""
+    length, d_head = tf.shape(x)[1], x.shape[-1]
+    heads = tf.reshape(x, [-1, num_heads, length, d_head])  # (N, h, T, d_model/h)
+    return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, length, num_heads * d_head])  # (N, T, d_model)
 
 
 def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True):
@@ -131,11 +135,10 @@ def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate
     and attention weights (N, h, T_q, T_k).
     """
     outputs, attention = scaled_dot_product_attention(
-        split_heads(Q, num_heads), split_heads(K, num_heads), split_heads(V, num_heads),  # (h*N, T, d_model/h)
+        split_heads(Q, num_heads), split_heads(K, num_heads), split_heads(V, num_heads),  # (N*h, T, d_model/h)
         key_masks, causality, dropout_rate, training)
-    n_batch, t_q, t_k = tf.shape(Q)[0], tf.shape(Q)[1], tf.shape(K)[1]
-    attention = tf.transpose(tf.reshape(attention, [num_heads, n_batch, t_q, t_k]), [1, 0, 2, 3])  # (N, h, T_q, T_k)
-    return merge_heads(outputs, num_heads), attention
+    t_q, t_k = tf.shape(Q)[1], tf.shape(K)[1]
+    return merge_heads(outputs, num_heads), tf.reshape(attention, [-1, num_heads, t_q, t_k])  # (N, h, T_q, T_k)
 
 
 def sublayer_input(inputs, norm_type):

@@ -1,0 +1,164 @@
+"""translate.py: arguments, files and standard input through a pipe; over-long and empty lines; attention PNGs;
+errors as one line. One tiny model is trained once for the module on a numbers corpus built in a temporary dir."""
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+import pytest
+import sentencepiece as spm
+
+import prepro
+import train
+import translate
+from utils import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAXLEN1 = 20  # the model's source limit: 19 pieces and </s>
+SENTENCE = "Er zählt bis elf."
+OTHER = "dreihundertzehn"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(logdir, data_dir) of a 1-block model trained 60 steps on 2000 generated pairs with maxlen1 20."""
+    root = tmp_path_factory.mktemp("translate")
+    data_dir, logdir = str(root / "data"), str(root / "run")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
+                        "--vocab_size", "300", "--data_dir", data_dir]) == 0
+    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60", "--d_model", "32",
+                       "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
+                       "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
+                       "--maxlen1", str(MAXLEN1), "--maxlen2", "30", "--eval_every", "100"]) == 0
+    return logdir, data_dir
+
+
+def run_main(capsys, *argv):
+    """translate.main in this process. Returns (stdout lines, stderr)."""
+    assert translate.main(list(argv)) == 0
+    captured = capsys.readouterr()
+    return captured.out.splitlines(), captured.err
+
+
+def command(logdir, *args):
+    return [sys.executable, "translate.py", "--logdir", logdir, *args]
+
+
+def sentences_per_part(data_dir):
+    """How many copies of SENTENCE fit in one part of at most MAXLEN1 - 1 pieces."""
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(data_dir, "bpe.model"))
+    pieces = sp.encode(SENTENCE, out_type=str)
+    assert pieces[-1] == "."
+    return (MAXLEN1 - 1) // len(pieces)
+
+
+def test_pipe_translates_each_line_as_it_comes(model, capsys):
+    logdir, data_dir = model
+    per_part = sentences_per_part(data_dir)
+    long_line = " ".join([SENTENCE] * (2 * per_part + 1))  # cut after sentence ends into parts of per_part, 1
+    process = subprocess.Popen(command(logdir), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    outputs = []
+    for text in [SENTENCE, "", long_line, OTHER]:
+        process.stdin.write(text.encode("utf-8") + b"\n")
+        process.stdin.flush()
+        outputs.append(lines.get(timeout=120).decode("utf-8").rstrip("\n"))  # before the next line is sent
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+    stderr = process.stderr.read().decode("utf-8")
+    assert lines.empty()
+
+    expected, _ = run_main(capsys, "--logdir", logdir, SENTENCE, OTHER, " ".join([SENTENCE] * per_part))
+    assert outputs[0] == expected[0] and outputs[1] == "" and outputs[3] == expected[1]
+    assert outputs[2] == " ".join([expected[2], expected[2], expected[0]])
+    assert "line 2 is empty; printed an empty line" in stderr
+    assert ("line 3 has %d pieces, more than the %d (and </s>) the model was trained on (--maxlen1 %d): translated "
+            "in 3 parts, cut after sentence punctuation" % (6 * (2 * per_part + 1), MAXLEN1 - 1, MAXLEN1)) in stderr
+
+
+def test_arguments_keep_order_and_beam_nbest_is_sorted(model, capsys):
+    logdir, _ = model
+    outputs, stderr = run_main(capsys, "--logdir", logdir, OTHER, "   ", SENTENCE)
+    alone, _ = run_main(capsys, "--logdir", logdir, SENTENCE)
+    assert len(outputs) == 3 and outputs[1] == "" and outputs[2] == alone[0]
+    assert "sentence 2 is empty" in stderr
+
+    nbest, _ = run_main(capsys, "--logdir", logdir, "--beam_size", "4", "--nbest", "3", SENTENCE, "", OTHER)
+    fields = [line.split(" ||| ") for line in nbest]
+    assert [f[0] for f in fields] == sorted(f[0] for f in fields) and {f[0] for f in fields} == {"0", "1", "2"}
+    assert fields[[f[0] for f in fields].index("1")][1:] == ["", "0.0000"]
+    for number in ("0", "2"):
+        scores = [float(f[2]) for f in fields if f[0] == number]
+        assert 1 <= len(scores) <= 3 and scores == sorted(scores, reverse=True)
+
+
+def test_input_file_with_crlf_and_no_final_newline(model, capsys, tmp_path):
+    logdir, _ = model
+    source, target = tmp_path / "source.txt", tmp_path / "target.txt"
+    source.write_bytes(("%s\r\n\r\n%s" % (SENTENCE, OTHER)).encode("utf-8"))
+    printed, stderr = run_main(capsys, "--logdir", logdir, "--input", str(source), "--output", str(target))
+    expected, _ = run_main(capsys, "--logdir", logdir, SENTENCE, OTHER)
+    assert printed == [] and "line 2 is empty" in stderr
+    assert target.read_text(encoding="utf-8").split("\n") == [expected[0], "", expected[1], ""]
+
+
+def test_invalid_utf8_file_is_an_error_naming_the_line(model, tmp_path):
+    logdir, _ = model
+    source = tmp_path / "bad.txt"
+    source.write_bytes(b"elf\nzw\xf6lf\n")
+    with pytest.raises(UserError, match=r"bad.txt: line 2 is not valid UTF-8"):
+        translate.main(["--logdir", logdir, "--input", str(source)])
+
+
+def test_plot_attention_writes_one_png_per_sentence(model, capsys, tmp_path):
+    logdir, _ = model
+    plots = tmp_path / "plots"
+    outputs, _ = run_main(capsys, "--logdir", logdir, "--plot_attention", str(plots), SENTENCE, "", OTHER)
+    assert len(outputs) == 3
+    assert sorted(os.listdir(plots)) == ["0001.png", "0003.png", "positional_encoding.png"]
+    for name in os.listdir(plots):
+        data = (plots / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 5000, name
+
+
+def test_parse_args_splits_sentences_from_flags(model):
+    logdir, _ = model
+    hp, args = translate.parse_args(["--logdir", logdir, "eins", "--beam_size", "4", "zwei", "--nbest", "2"])
+    assert args.sentences == ["eins", "zwei"] and args.nbest == 2
+    assert hp.beam_size == 4 and hp.d_model == 32 and hp.maxlen1 == MAXLEN1
+    with pytest.raises(UserError, match="--nbest 2 needs --beam_size 2 or more"):
+        translate.parse_args(["--logdir", logdir, "--nbest", "2", "eins"])
+
+
+def test_split_pieces_prefers_sentence_ends_then_commas_then_words():
+    assert translate.split_pieces(["▁a", ".", "▁b", ",", "▁c", "d"], 4) == (
+        [["▁a", "."], ["▁b", ",", "▁c", "d"]], ["after sentence punctuation"])
+    assert translate.split_pieces(["▁a", ",", "▁b", "▁c", "d"], 4) == (
+        [["▁a", ","], ["▁b", "▁c", "d"]], ["after , ; or :"])
+    assert translate.split_pieces(["▁ab", "c", "▁d", "e", "f"], 3) == ([["▁ab", "c"], ["▁d", "e", "f"]],
+                                                                       ["between words"])
+    assert translate.split_pieces(["▁a", "b", "c", "d", "e"], 2) == (
+        [["▁a", "b"], ["c", "d"], ["e"]], ["inside a word", "inside a word"])
+    assert translate.split_pieces(["▁a", "b"], 2) == ([["▁a", "b"]], [])
+
+
+def test_errors_are_one_line_without_traceback(model, tmp_path):
+    logdir, _ = model
+    untrained = tmp_path / "untrained"
+    untrained.mkdir()
+    (untrained / "hparams.json").write_text(open(os.path.join(logdir, "hparams.json")).read())
+    result = subprocess.run(command(str(untrained), SENTENCE), cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert errors == ["error: checkpoint (none) not found; checkpoints in %s: none, train first" % untrained]
+
+    other_vocab = str(tmp_path / "other")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "5", "--n_test", "5",
+                        "--vocab_size", "250", "--data_dir", other_vocab]) == 0
+    with pytest.raises(UserError, match="vocab size 250 of %s does not match vocab size 300" % other_vocab):
+        translate.main(["--logdir", logdir, "--data_dir", other_vocab, SENTENCE])

@@ -1,0 +1,342 @@
+"""Translates raw text with a trained model: sentences given as arguments, a file, or standard input.
+
+    python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."   # one line each
+    python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]          # batched, in order
+    python translate.py --logdir runs/multi30k                # standard input: each line printed when done
+    options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH --test_batch_size 128
+
+The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py (--beam_size,
+--alpha, --max_len_a, --max_len_b, --ckpt, --data_dir, --test_batch_size) go on top. Input is UTF-8 raw text,
+cleaned as prepro.py cleans training text (NFC, whitespace runs as one space) and segmented with the data
+dir's bpe.model.
+
+Every input line gives exactly one output line (with --nbest N: up to N lines `LINE ||| TRANSLATION ||| SCORE`,
+LINE counted from 0, best first). Notes go to standard error:
+  - an empty line gives an empty translation;
+  - a line longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off: it is split into
+    parts that fit, after sentence punctuation (. ! ?) where possible, else after , ; :, else between words,
+    else inside a word; the parts are translated separately and their translations joined with spaces
+    (with --nbest, entry k joins the k-th best of every part, and its score is the sum of their scores);
+  - a file given by --input with invalid UTF-8 is an error naming the line, before anything is translated;
+    on standard input such a line gives an empty translation and a note, and translation goes on.
+--plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE counted
+from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last decoder block.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+
+import argparse
+import sys
+
+import sentencepiece as spm
+import tensorflow as tf
+from tqdm import tqdm
+
+from data_load import EOS_ID, PAD_ID, UNK_ID, pad
+from hparams import Hparams
+from model import NEG_INF, Transformer, max_decoding_steps
+from modules import positional_encoding
+from prepro import PrepError, clean_line, decode_lines
+from utils import (UserError, check_vocab, find_checkpoint, load_manifest, postprocess, restore,
+                   restore_hparams, run_cli, session_config)
+
+tf1 = tf.compat.v1
+
+#: Where a too-long line may be cut, best first: (description, test of the cut before pieces[k]).
+CUT_RULES = (
+    ("after sentence punctuation", lambda pieces, k: pieces[k - 1].endswith((".", "!", "?"))),
+    ("after , ; or :", lambda pieces, k: pieces[k - 1].endswith((",", ";", ":"))),
+    ("between words", lambda pieces, k: pieces[k].startswith("\u2581")),
+    ("inside a word", lambda pieces, k: True),
+)
+#: Positions drawn in DIR/positional_encoding.png.
+PLOTTED_POSITIONS = 100
+
+
+# ---------------------------------------------------------------- flags
+def build_parser():
+    """hparams.py's parser with the arguments and flags of translate.py alone added."""
+    parser = Hparams().parser
+    parser.description = "Translate raw text with a trained model (see the top of translate.py)."
+    group = parser.add_argument_group("translate.py")
+    group.add_argument("sentences", nargs="*", metavar="SENTENCE",
+                       help="sentences to translate; without any, --input FILE or standard input is read")
+    group.add_argument("--input", default="", metavar="FILE",
+                       help="UTF-8 file with one sentence per line, translated in batches of --test_batch_size")
+    group.add_argument("--output", default="", metavar="FILE",
+                       help="write the translations to FILE instead of standard output")
+    group.add_argument("--nbest", type=int, default=1, metavar="N",
+                       help="print the N best translations with their scores (needs --beam_size N or more)")
+    group.add_argument("--plot_attention", default="", metavar="DIR",
+                       help="write attention heat maps (PNG) of every translated line and of the positional "
+                            "encoding to DIR")
+    return parser
+
+
+def parse_args(argv):
+    """Returns hp (hparams.json of --logdir with the hparams.py flags of argv on top, see utils.restore_hparams)
+    and args (every flag, including those of translate.py alone)."""
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    given = vars(parser.parse_intermixed_args(argv))
+    hparams_argv = []
+    for action in Hparams().parser._actions:
+        if action.option_strings and action.dest in given:
+            flag = action.option_strings[0]
+            hparams_argv += [flag] if action.nargs == 0 else [flag, str(given[action.dest])]
+    hp = restore_hparams(hparams_argv)
+    if args.sentences and args.input:
+        raise UserError("give sentences as arguments or --input FILE, not both")
+    if not 1 <= args.nbest <= hp.beam_size:
+        raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
+    return hp, args
+
+
+# ---------------------------------------------------------------- text in
+def read_input(fpath):
+    """Lines of a UTF-8 file ('\\r\\n', a byte-order mark and a missing final newline are fine).
+    Invalid UTF-8 is a UserError naming the line."""
+    try:
+        with open(fpath, "rb") as f:
+            data = f.read()
+        return decode_lines(data, fpath)
+    except OSError as error:
+        raise UserError("cannot read --input %s: %s" % (fpath, error.strerror)) from None
+    except PrepError as error:
+        raise UserError(str(error)) from None
+
+
+def stdin_lines():
+    """Yields each line of standard input as soon as it is complete, without its line ending; None for a line
+    that is not valid UTF-8. Shows a prompt on stderr when standard input is a terminal."""
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr)
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        raw = sys.stdin.buffer.readline()
+        if not raw:
+            return
+        raw = raw.rstrip(b"\n").rstrip(b"\r").removeprefix(b"\xef\xbb\xbf")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        yield text
+
+
+def best_cut(pieces, limit):
+    """Where to cut pieces (longer than limit): (k in 1..limit, so that pieces[:k] is the first part, and the
+    CUT_RULES description of the cut). The best kind of cut wins; among equals, the longest first part."""
+    for description, allowed in CUT_RULES:
+        for k in range(limit, 0, -1):
+            if allowed(pieces, k):
+                return k, description
+
+
+def split_pieces(pieces, limit):
+    """Splits a list of pieces into parts of at most limit pieces (see best_cut).
+
+    Returns the parts and the descriptions of the cuts made (empty when pieces fit)."""
+    parts, cuts = [], []
+    while len(pieces) > limit:
+        k, description = best_cut(pieces, limit)
+        parts.append(pieces[:k])
+        cuts.append(description)
+        pieces = pieces[k:]
+    return parts + [pieces], cuts
+
+
+def prepare(text, sp, limit):
+    """Raw text -> (parts, notes): parts is a list of source id lists, each ending in </s> and at most limit + 1
+    long ([] for an empty line); notes are the things to tell the user about this line."""
+    if text is None:
+        return [], ["is not valid UTF-8; printed an empty line"]
+    pieces = sp.encode(clean_line(text), out_type=str)
+    if not pieces:
+        return [], ["is empty; printed an empty line"]
+    notes = []
+    unknown = sorted({p for p in pieces if sp.piece_to_id(p) == UNK_ID})
+    if unknown:
+        notes.append("has pieces outside the model's vocabulary, read as <unk>: %s" % " ".join(unknown))
+    piece_parts, cuts = split_pieces(pieces, limit)
+    if cuts:
+        kinds = [description for description, _ in CUT_RULES if description in cuts]
+        notes.append("has %d pieces, more than the %d (and </s>) the model was trained on (--maxlen1 %d): "
+                     "translated in %d parts, cut %s" % (len(pieces), limit, limit + 1, len(piece_parts),
+                                                         ", ".join(kinds)))
+    return [[sp.piece_to_id(p) for p in part] + [EOS_ID] for part in piece_parts], notes
+
+
+# ---------------------------------------------------------------- the model
+class Translator:
+    """One decoding graph over placeholders, and a session with the checkpoint restored."""
+
+    def __init__(self, hp, ckpt, nbest, with_attention):
+        self.batch_size = hp.test_batch_size
+        self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
+        self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
+        xs = (self.x, self.x_seqlen, tf.zeros_like(self.x_seqlen, tf.string))
+        model = Transformer(hp)
+        if nbest == 1:
+            ids, scores = model.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+            self.nbest_ids, self.nbest_scores = ids[:, None, :], scores[:, None]  # (N, 1, T), (N, 1)
+        else:
+            memory, src_masks = model.encode(xs, training=False)
+            max_steps = max_decoding_steps(self.x_seqlen, hp.max_len_a, hp.max_len_b)
+            ids, scores = model.beam_search(memory, src_masks, max_steps, hp.beam_size, hp.alpha)
+            self.nbest_ids, self.nbest_scores = ids[:, :nbest], scores[:, :nbest]  # (N, nbest, T), (N, nbest)
+        self.attention = None
+        if with_attention:
+            self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
+            self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
+        self.sess = tf1.Session(config=session_config(hp))
+        restore(self.sess, ckpt, hp.logdir)
+
+    def run(self, sources):
+        """sources: list of N id lists, each ending in </s>.
+
+        Returns nbest ids (N, K, T) ending in </s> then 0s, scores (N, K) (a slot beam search could not fill
+        scores NEG_INF), and the best translations' attention (N, h, T2, T1), or None without --plot_attention.
+        """
+        x, x_seqlen = pad(sources)
+        feed = {self.x: x, self.x_seqlen: x_seqlen}
+        ids, scores = self.sess.run([self.nbest_ids, self.nbest_scores], feed)
+        attention = None
+        if self.attention is not None:
+            attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
+        return ids, scores, attention
+
+    def run_batched(self, sources, progress=False):
+        """run() over any number of sources, in batches of sentences of similar length; results in order.
+
+        Returns a list with, per source, (ids (K, T), scores (K,), attention (h, T2, T1) or None)."""
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        results = [None] * len(sources)
+        starts = range(0, len(order), self.batch_size)
+        for start in tqdm(starts, desc="translating", disable=None if progress else True, leave=False):
+            batch = order[start:start + self.batch_size]
+            ids, scores, attention = self.run([sources[i] for i in batch])
+            for row, i in enumerate(batch):
+                results[i] = (ids[row], scores[row], None if attention is None else attention[row])
+        return results
+
+
+# ---------------------------------------------------------------- text out
+def nbest_texts(part_results, sp):
+    """part_results: the run_batched results of one line's parts. Returns [(text, score)], best first: entry k
+    joins the k-th best translation of every part, with the sum of their scores."""
+    texts = [postprocess(ids, sp) for ids, _, _ in part_results]  # per part, K texts
+    entries = []
+    for k in range(len(texts[0])):
+        part_scores = [scores[k] for _, scores, _ in part_results]
+        if min(part_scores) > NEG_INF / 2:
+            entries.append((" ".join(part[k] for part in texts), float(sum(part_scores))))
+    return entries
+
+
+def output_lines(number, entries, nbest):
+    """The lines printed for input line `number` (1-based): the best text, or with nbest > 1 up to nbest lines
+    `number-1 ||| text ||| score`. entries: [(text, score)], best first; [] for an empty line."""
+    if nbest == 1:
+        return [entries[0][0] if entries else ""]
+    return ["%d ||| %s ||| %.4f" % (number - 1, text, score) for text, score in entries] or [
+        "%d |||  ||| 0.0000" % (number - 1)]
+
+
+class AttentionPlots:
+    """Writes the PNGs of --plot_attention DIR (plot_attention.py, and so matplotlib, is imported only here)."""
+
+    def __init__(self, directory, sp, d_model):
+        import plot_attention
+        self.plot = plot_attention
+        self.directory, self.sp = directory, sp
+        os.makedirs(directory, exist_ok=True)
+        with tf.Graph().as_default(), tf1.Session() as sess:
+            encoding = sess.run(positional_encoding(tf.zeros([1, PLOTTED_POSITIONS, d_model])))[0]
+        plot_attention.plot_positional_encoding(encoding, os.path.join(directory, "positional_encoding.png"))
+
+    def pieces(self, ids):
+        """Labels of ids (a list ending in </s>)."""
+        return [self.sp.id_to_piece(int(i)) for i in ids]
+
+    def write(self, number, sources, part_results):
+        """One PNG per part of input line `number`: DIR/NNNN.png, or DIR/NNNN-P.png for a split line."""
+        for part, (source, (ids, _, attention)) in enumerate(zip(sources, part_results), 1):
+            target = [int(i) for i in ids[0] if i != PAD_ID]
+            name = "%04d.png" % number if len(sources) == 1 else "%04d-%d.png" % (number, part)
+            title = "line %d%s: last decoder block's cross-attention" % (
+                number, "" if len(sources) == 1 else ", part %d" % part)
+            self.plot.plot_attention_heads(attention[:, :len(target), :len(source)], self.pieces(source),
+                                           self.pieces(target), os.path.join(self.directory, name), title)
+
+
+def report(where, number, notes):
+    """Prints the notes about one input line on stderr."""
+    for note in notes:
+        print("%s %d %s" % (where, number, note), file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- modes
+def translate_all(translator, lines, sp, limit, args, plots, out, where):
+    """Translates a list of lines in batches and writes one output line (or n-best block) per line, in order."""
+    prepared = [prepare(text, sp, limit) for text in lines]
+    for number, (_, notes) in enumerate(prepared, 1):
+        report(where, number, notes)
+    sources = [source for parts, _ in prepared for source in parts]
+    results = iter(translator.run_batched(sources, progress=True))
+    for number, (parts, _) in enumerate(prepared, 1):
+        part_results = [next(results) for _ in parts]
+        write_line(out, number, parts, part_results, sp, args.nbest, plots)
+
+
+def translate_stream(translator, sp, limit, args, plots, out):
+    """Translates standard input line by line, writing each translation as soon as it is ready."""
+    for number, text in enumerate(stdin_lines(), 1):
+        parts, notes = prepare(text, sp, limit)
+        report("line", number, notes)
+        part_results = translator.run_batched(parts) if parts else []
+        write_line(out, number, parts, part_results, sp, args.nbest, plots)
+
+
+def write_line(out, number, parts, part_results, sp, nbest, plots):
+    """Writes the translation of input line `number` and flushes; draws its attention with --plot_attention."""
+    entries = nbest_texts(part_results, sp) if parts else []
+    out.write("".join(line + "\n" for line in output_lines(number, entries, nbest)))
+    out.flush()
+    if plots and parts:
+        plots.write(number, parts, part_results)
+
+
+def main(argv=None):
+    tf1.disable_eager_execution()
+    tf1.reset_default_graph()  # main() may run more than once in a process (tests)
+    tf.get_logger().setLevel("ERROR")
+    hp, args = parse_args(argv)
+    manifest = load_manifest(hp.data_dir)
+    check_vocab(hp, manifest, hp.trained_data_dir)
+    ckpt = find_checkpoint(hp.logdir, hp.ckpt)
+    lines = read_input(args.input) if args.input else args.sentences
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+    translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
+    plots = AttentionPlots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
+    limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        if args.input or args.sentences:
+            translate_all(translator, lines, sp, limit, args, plots, out, "line" if args.input else "sentence")
+        else:
+            translate_stream(translator, sp, limit, args, plots, out)
+    finally:
+        translator.sess.close()
+        if args.output:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
