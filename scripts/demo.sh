@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the pinned requirements into .venv, then runs the whole job on the built-in numbers corpus:
-# prepro (data/numbers) -> train (runs/numbers, about 5 minutes on 2 CPU cores) -> test (prints sacreBLEU).
+# prepro (data/numbers) -> train (runs/numbers, at most 6 minutes, about 3 on 2 CPU cores) -> test (prints sacreBLEU).
 # Running it again reuses the data dir and resumes (or skips) training.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
