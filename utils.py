@@ -63,11 +63,6 @@ def session_config(hp):
                            inter_op_parallelism_threads=max(1, (hp.threads or os.cpu_count() or 2) // 2))
 
 
-def calc_num_batches(total_num, batch_size):
-    """Number of batches of batch_size that hold total_num items (the last one may be smaller)."""
-    return total_num // batch_size + int(total_num % batch_size != 0)
-
-
 def save_hparams(hp, path):
     """Writes the namespace hp as hparams.json in the directory path."""
     atomic_write(os.path.join(path, "hparams.json"), json.dumps(vars(hp), indent=2, sort_keys=True) + "\n")
