@@ -23,8 +23,7 @@ import tensorflow as tf
 
 from data_load import PAD_ID
 from model import Transformer
-from utils import (UserError, check_vocab, find_checkpoint, load_hparams, load_manifest, restore, run_cli,
-                   session_config)
+from utils import UserError, load_hparams, restore, run_cli, session_config, trained_model_files
 
 tf1 = tf.compat.v1
 
@@ -95,9 +94,7 @@ def main(argv=None):
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     args, hp = parse_args(argv)
-    manifest = load_manifest(hp.data_dir)
-    check_vocab(hp, manifest, hp.trained_data_dir)
-    ckpt = find_checkpoint(hp.logdir, args.ckpt)
+    manifest, ckpt = trained_model_files(hp, args.ckpt)
     with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
         restore(sess, ckpt, hp.logdir)

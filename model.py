@@ -252,14 +252,21 @@ class Transformer:
         step_fn, state = self._cached_decoder(tiled_memory, tiled_masks)
         return beam_search(step_fn, state, max_steps, beam_size, alpha)
 
+    def _teacher_forced(self, xs, ids):
+        """The decoder run on given translations ids (N, T) (ending in </s> then 0s) in eval mode.
+
+        Returns decoder outputs (N, T, d_model) and the last block's cross-attention (N, h, T, T1).
+        """
+        memory, src_masks = self.encode(xs, training=False)
+        decoder_input = tf.concat([tf.fill([tf.shape(ids)[0], 1], BOS_ID), ids[:, :-1]], axis=1)  # (N, T)
+        return self._decoder_stack(decoder_input, memory, src_masks, training=False)
+
     def score(self, xs, ids, alpha=0.6):
         """Teacher-forced model score of given translations, the quantity beam search maximizes.
 
         ids: (N, T) ending in </s> then 0s. Returns (N,) log p(ids | x) / length_penalty(len, alpha).
         """
-        memory, src_masks = self.encode(xs, training=False)
-        decoder_input = tf.concat([tf.fill([tf.shape(ids)[0], 1], BOS_ID), ids[:, :-1]], axis=1)  # (N, T)
-        dec, _ = self._decoder_stack(decoder_input, memory, src_masks, training=False)
+        dec, _ = self._teacher_forced(xs, ids)
         log_probs = decoding_log_probs(self._logits(dec))  # (N, T, V)
         token_log_probs = tf.gather(log_probs, ids, batch_dims=2)  # (N, T)
         nonpadding = tf.cast(tf.not_equal(ids, PAD_ID), tf.float32)
@@ -268,10 +275,7 @@ class Transformer:
 
     def attention(self, xs, ids):
         """Cross-attention of the last decoder block for given translations ids (N, T): (N, h, T, T1)."""
-        memory, src_masks = self.encode(xs, training=False)
-        decoder_input = tf.concat([tf.fill([tf.shape(ids)[0], 1], BOS_ID), ids[:, :-1]], axis=1)
-        _, attention = self._decoder_stack(decoder_input, memory, src_masks, training=False)
-        return attention
+        return self._teacher_forced(xs, ids)[1]
 
     def eval(self, xs, ys):
         """Translations of a batch with hp's decoding settings: ids (N, T), and an attention image summary."""

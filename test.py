@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from data_load import get_batch
 from model import Transformer
-from utils import (atomic_write, calc_bleu, check_vocab, find_checkpoint, get_hypotheses, load_manifest,
-                   read_lines, restore, restore_hparams, run_cli, session_config, split_paths)
+from utils import (atomic_write, calc_bleu, get_hypotheses, read_lines, restore, restore_hparams, run_cli,
+                   session_config, split_paths, trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -28,9 +28,7 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp = restore_hparams(argv)
-    manifest = load_manifest(hp.data_dir)
-    check_vocab(hp, manifest, hp.trained_data_dir)
-    ckpt = find_checkpoint(hp.logdir, hp.ckpt)
+    manifest, ckpt = trained_model_files(hp, hp.ckpt)
     files = split_paths(hp.data_dir, manifest, "test")
     batches, num_batches, num_sentences, _ = get_batch(files["bpe1"], files["bpe2"], None, None,
                                                        os.path.join(hp.data_dir, manifest["bpe_vocab"]),

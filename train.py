@@ -22,10 +22,10 @@ from tqdm import tqdm
 
 import distributed
 from data_load import get_batch
-from hparams import MODEL_FLAGS, Hparams, explicit_flags
+from hparams import Hparams, explicit_flags
 from model import Transformer
 from utils import (UserError, atomic_write, calc_bleu, check_vocab, find_checkpoint, get_hypotheses, is_averaged,
-                   load_hparams, load_manifest, read_lines, restore, run_cli, save_hparams, save_variable_specs,
+                   load_manifest, merge_hparams, read_lines, restore, run_cli, save_hparams, save_variable_specs,
                    session_config, split_paths, vocab_sha256)
 
 tf1 = tf.compat.v1
@@ -38,17 +38,13 @@ def resolve_hparams(argv):
     dir.
     """
     hp = Hparams().parser.parse_args(argv)
-    given = explicit_flags(argv)
     trained_data_dir = None
     if os.path.exists(os.path.join(hp.logdir, "hparams.json")):
-        saved = vars(load_hparams(hp.logdir))
-        for flag in MODEL_FLAGS:
-            if flag in given and given[flag] != saved[flag]:
-                raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
-                                % (hp.logdir, flag, saved[flag], given[flag]))
-        trained_data_dir = saved["data_dir"]
-        saved.update(given)
-        hp = Hparams().parser.parse_args([], namespace=type(hp)(**saved))
+        hp, conflicts = merge_hparams(hp.logdir, explicit_flags(argv))
+        for flag, saved, asked in conflicts[:1]:
+            raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
+                            % (hp.logdir, flag, saved, asked))
+        trained_data_dir = vars(hp).pop("trained_data_dir")
     manifest = load_manifest(hp.data_dir)
     if trained_data_dir:
         check_vocab(hp, manifest, trained_data_dir)

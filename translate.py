@@ -38,8 +38,8 @@ from hparams import Hparams
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
 from prepro import PrepError, clean_line, decode_lines
-from utils import (UserError, check_vocab, find_checkpoint, load_manifest, postprocess, restore,
-                   restore_hparams, run_cli, session_config)
+from utils import (UserError, postprocess, restore, restore_hparams, run_cli, session_config,
+                   trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -317,9 +317,7 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp, args = parse_args(argv)
-    manifest = load_manifest(hp.data_dir)
-    check_vocab(hp, manifest, hp.trained_data_dir)
-    ckpt = find_checkpoint(hp.logdir, hp.ckpt)
+    manifest, ckpt = trained_model_files(hp, hp.ckpt)
     lines = read_input(args.input) if args.input else args.sentences
     sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
     translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))

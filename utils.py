@@ -77,20 +77,36 @@ def load_hparams(path):
         return Namespace(**json.load(f))
 
 
+def merge_hparams(logdir, given):
+    """LOGDIR/hparams.json with the flags in `given` (a dict of explicitly given flags) on top; flags added to
+    hparams.py since it was written get their defaults. trained_data_dir is the data_dir it was trained on.
+    Returns the namespace and the model-shape flags given with another value, as (flag, saved, given) tuples."""
+    saved = vars(load_hparams(logdir))
+    conflicts = [(flag, saved[flag], given[flag]) for flag in MODEL_FLAGS
+                 if flag in given and given[flag] != saved.get(flag)]
+    hp = Hparams().parser.parse_args([], namespace=Namespace(**{**saved, **given}))
+    hp.trained_data_dir = saved["data_dir"]
+    return hp, conflicts
+
+
 def restore_hparams(argv):
     """Hyperparameters of a trained model: LOGDIR/hparams.json with the flags given on the command line on top
-    (decoding, testing, data_dir). The model's shape always comes from hparams.json; trained_data_dir is the
-    data_dir it was trained on."""
+    (decoding, testing, data_dir). The model's shape always comes from hparams.json."""
     given = explicit_flags(argv)
     logdir = given.get("logdir", Hparams().parser.get_default("logdir"))
-    hp = load_hparams(logdir)
-    hp.trained_data_dir = hp.data_dir
-    for flag in MODEL_FLAGS:
-        if flag in given and given[flag] != getattr(hp, flag):
-            raise UserError("the model in %s has --%s %s (from its hparams.json); drop --%s %s"
-                            % (logdir, flag, getattr(hp, flag), flag, given[flag]))
-    vars(hp).update(given)
+    hp, conflicts = merge_hparams(logdir, given)
+    for flag, saved, asked in conflicts[:1]:
+        raise UserError("the model in %s has --%s %s (from its hparams.json); drop --%s %s"
+                        % (logdir, flag, saved, flag, asked))
     return hp
+
+
+def trained_model_files(hp, ckpt=""):
+    """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
+    checking that the data dir's vocabulary is the one the model was trained with."""
+    manifest = load_manifest(hp.data_dir)
+    check_vocab(hp, manifest, hp.trained_data_dir)
+    return manifest, find_checkpoint(hp.logdir, ckpt)
 
 
 def vocab_sha256(data_dir, manifest):
