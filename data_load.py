@@ -7,11 +7,16 @@ sent1 and sent2 are the segmented sentences as strings (N,).
 
 Batches are planned in Python once per epoch and padded with numpy; tf.data runs the generator ahead of the
 training step (prefetch). Two batching modes:
-    sentences: batch_size sentences per batch;
-    tokens:    sentences sorted by length (longer side first, ties in random order) and packed so that
-               N * max(T1, T2) <= batch_size, i.e. no batch exceeds the token budget, padding included.
+    sentences: batch_size sentences per batch, each side padded to its longest sentence;
+    tokens:    length buckets. A pair's bucket is the smallest width W of bucket_widths() that holds its longer
+               side. Pairs sorted by bucket are packed while N * W <= batch_size (W of the widest pair), and both
+               sides are padded to W: no batch exceeds the token budget, padding included, and training sees
+               few batch shapes (mostly batch_size // W pairs of width W), since oneDNN builds and keeps kernels
+               for every shape, which costs memory and time.
 Training batches are shuffled; evaluation batches keep every line, in order.
 """
+import math
+
 import numpy as np
 import tensorflow as tf
 
@@ -59,52 +64,60 @@ def encode(inp, type, dict):
     return ids + [EOS_ID] if type == "x" else [BOS_ID] + ids + [EOS_ID]
 
 
-def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None):
+def bucket_widths(longest, growth):
+    """Padded widths of the token buckets up to `longest`: every width while a step of 1 is within `growth`
+    (a fraction) of it, then each width about (1 + growth) times the previous. Returns an int array."""
+    widths = [1]
+    while widths[-1] < longest:
+        widths.append(max(widths[-1] + 1, math.ceil(widths[-1] * (1 + growth))))
+    return np.array(widths)
+
+
+def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.05):
     """Groups example indices into batches.
 
     lengths1, lengths2: (n,) sequence lengths of x and y. rng: a numpy RandomState to shuffle with (training),
-    or None to keep the order (evaluation). Returns a list of index arrays.
+    or None to keep the order (evaluation). growth: see bucket_widths (tokens mode).
+    Returns a list of (index array, padded width): the width is None in sentences mode.
     """
     n = len(lengths1)
     if batch_type == "sentences":
         order = rng.permutation(n) if rng is not None else np.arange(n)
-        return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+        return [(order[i:i + batch_size], None) for i in range(0, n, batch_size)]
     longest = np.maximum(lengths1, lengths2)
     if longest.max(initial=0) > batch_size:
         raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise --batch_size "
                          "or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
-    if rng is None:
-        order = np.arange(n)
-    else:  # by the longer side (what the budget charges), then source and target length; ties in random order
+    widths = bucket_widths(longest.max(initial=1), growth)
+    bucket = widths[np.searchsorted(widths, longest)]  # (n,) the padded width of each pair
+    order = np.arange(n)
+    if rng is not None:  # by bucket, then source and target length; ties in random order
         ties = rng.permutation(n)
-        order = ties[np.lexsort((lengths2[ties], lengths1[ties], longest[ties]))]
-    batches, start, width = [], 0, 0
-    for end, idx in enumerate(order):
-        width = max(width, longest[idx])
-        if (end + 1 - start) * width > batch_size:
-            batches.append(order[start:end])
-            start, width = end, longest[idx]
-    if start < n:
-        batches.append(order[start:])
+        order = ties[np.lexsort((lengths2[ties], lengths1[ties], bucket[ties]))]
+    batches, start = [], 0
+    for end in range(1, n + 1):  # widths grow along order: a batch ends where one more pair would not fit
+        if end == n or (end + 1 - start) * bucket[order[end]] > batch_size:
+            batches.append((order[start:end], int(bucket[order[end - 1]])))
+            start = end
     if rng is not None:
         rng.shuffle(batches)
     return batches
 
 
-def pad(sequences):
-    """List of int lists -> (N, T) int32 array padded with 0, and the lengths (N,)."""
+def pad(sequences, width=None):
+    """List of int lists -> (N, width) int32 array padded with 0 (width None: the longest), and the lengths (N,)."""
     lengths = np.array([len(s) for s in sequences], np.int32)
-    array = np.zeros([len(sequences), lengths.max(initial=1)], np.int32)
+    array = np.zeros([len(sequences), width or lengths.max(initial=1)], np.int32)
     for row, seq in zip(array, sequences):
         row[:len(seq)] = seq
     return array, lengths
 
 
-def generator_fn(sents1, sents2, vocab_fpath, batch_size=64, batch_type="sentences", seed=None):
+def generator_fn(sents1, sents2, vocab_fpath, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
     """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays, and num_batches(epoch).
 
     seed: shuffle with numpy RandomState(seed + epoch), so a resumed run replays the same epoch;
-    None keeps the order.
+    None keeps the order. growth: see bucket_widths (tokens mode).
     """
     token2idx, _ = load_vocab(vocab_fpath)
     xs_ids = [encode(s, "x", token2idx) for s in sents1]
@@ -115,27 +128,27 @@ def generator_fn(sents1, sents2, vocab_fpath, batch_size=64, batch_type="sentenc
 
     def plan(epoch):
         rng = np.random.RandomState(seed + int(epoch)) if seed is not None else None
-        return plan_batches(lengths1, lengths2, batch_size, batch_type, rng)
+        return plan_batches(lengths1, lengths2, batch_size, batch_type, rng, growth)
 
     def generate(epoch=0):
-        for batch in plan(epoch):
-            x, x_seqlen = pad([xs_ids[i] for i in batch])
-            decoder_input, y_seqlen = pad([ys_ids[i][:-1] for i in batch])
-            y, _ = pad([ys_ids[i][1:] for i in batch])
+        for batch, width in plan(epoch):
+            x, x_seqlen = pad([xs_ids[i] for i in batch], width)
+            decoder_input, y_seqlen = pad([ys_ids[i][:-1] for i in batch], width)
+            y, _ = pad([ys_ids[i][1:] for i in batch], width)
             yield (x, x_seqlen, sents1[batch].astype(str)), (decoder_input, y, y_seqlen, sents2[batch].astype(str))
 
     return generate, lambda epoch=0: len(plan(epoch))
 
 
 def input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle=False, batch_type="sentences", seed=0,
-             epoch=0, skip=0):
+             epoch=0, skip=0, growth=0.05):
     """tf.data.Dataset of padded batches (xs, ys), and num_batches(epoch).
 
     epoch, skip: int32 scalars or tensors (e.g. placeholders fed when the iterator is initialized): which
     epoch's shuffle to replay, and how many of its batches to skip (to resume in the middle of an epoch).
     """
     generate, num_batches = generator_fn(sents1, sents2, vocab_fpath, batch_size, batch_type,
-                                         seed if shuffle else None)
+                                         seed if shuffle else None, growth)
     ids, lengths, strings = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
                              tf.TensorSpec([None], tf.string))
     dataset = tf.data.Dataset.from_generator(
@@ -144,14 +157,14 @@ def input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle=False, batch_type=
 
 
 def get_batch(fpath1, fpath2, maxlen1, maxlen2, vocab_fpath, batch_size, shuffle=False, batch_type="sentences",
-              seed=0, truncate=False, epoch=0, skip=0):
+              seed=0, truncate=False, epoch=0, skip=0, growth=0.05):
     """Dataset over two segmented files. Training passes shuffle=True and length limits; evaluation passes
     maxlen1 = maxlen2 = None so that every line is kept, in order.
 
     Returns batches (tf.data.Dataset), num_batches(epoch), num_samples, and the count of pairs skipped
-    (or truncated) for length. epoch and skip: see input_fn.
+    (or truncated) for length. epoch and skip: see input_fn. growth: see bucket_widths (tokens mode).
     """
     sents1, sents2, over = load_data(fpath1, fpath2, maxlen1, maxlen2, truncate)
     batches, num_batches = input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle, batch_type, seed,
-                                    epoch, skip)
+                                    epoch, skip, growth)
     return batches, num_batches, len(sents1), over

@@ -52,6 +52,10 @@ class Hparams:
                                 "included); sentences: batch_size sentences per batch")
         group.add_argument("--batch_size", type=int, default=4096,
                            help="tokens per batch (batch_type tokens) or sentences per batch")
+        group.add_argument("--bucket_growth", type=float, default=0.05,
+                           help="batch_type tokens: each bucket's padded width is this fraction wider than the "
+                                "last, once that exceeds one token (0.05: widths 1 to 20, then 21, 23, 25, ...); "
+                                "more growth means fewer batch shapes (less memory) but more padding")
         group.add_argument("--num_epochs", type=int, default=20, help="epochs to train")
         group.add_argument("--max_steps", type=int, default=0,
                            help="stop (with a checkpoint) at this global step; 0 means no limit")

@@ -117,7 +117,7 @@ class Transformer:
         memory, src_masks = self.encode(xs)
         logits, _, y, _, attention = self.decode(ys, memory, src_masks)
         nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)  # (N, T2)
-        token_losses = smoothed_cross_entropy(tf.cast(logits, tf.float32), y, self.hp.smoothing)  # (N, T2)
+        token_losses = smoothed_cross_entropy(logits, y, self.hp.smoothing)  # (N, T2)
         return tf.reduce_sum(token_losses * nonpadding), tf.reduce_sum(nonpadding), attention
 
     def train(self, xs, ys):

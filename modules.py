@@ -227,28 +227,30 @@ def label_smoothing(inputs, epsilon=0.1):
 def smoothed_cross_entropy(logits, labels, epsilon=0.1):
     """Cross entropy against q = label_smoothing(one_hot(labels)) without building any (N, T, V) targets.
 
-    With log p = logits - logsumexp(logits):
-    -sum_v q_v log p_v = logsumexp(logits) - (1 - epsilon) * logits[label] - epsilon * mean_v(logits).
-    Its gradient, softmax(logits) - q, is written by hand so that the backward pass keeps a single (N, T, V)
-    buffer: the softmax, from which epsilon / V is subtracted everywhere and 1 - epsilon at the labels.
-    logits: (N, T, V) float32. labels: (N, T) int. Returns (N, T).
+    With ce = -log p_label (TensorFlow's fused sparse softmax cross entropy, which also returns its gradient
+    softmax(logits) - one_hot(labels)):
+    -sum_v q_v log p_v = ce + epsilon * (logits[label] - mean_v(logits)),
+    whose gradient is that fused gradient + epsilon * (one_hot(labels) - 1 / V). So the only (N, T, V) tensor kept
+    from the forward to the backward pass is the fused gradient, and no one-hot or smoothed targets are built.
+    logits: (N, T, V) float32 or bfloat16 (computed in float32). labels: (N, T) int. Returns (N, T) float32.
     """
     vocab_size = logits.shape[-1]
 
     @tf.custom_gradient
     def cross_entropy(logits):
-        lse = tf.reduce_logsumexp(logits, axis=-1)  # (N, T)
-        label_logits = tf.gather(logits, labels, batch_dims=2)  # (N, T)
-        losses = lse - (1.0 - epsilon) * label_logits - epsilon * tf.reduce_mean(logits, axis=-1)
+        flat_logits = tf.reshape(tf.cast(logits, tf.float32), [-1, vocab_size])  # (N*T, V)
+        flat_labels = tf.reshape(tf.cast(labels, tf.int32), [-1])  # (N*T,)
+        ce, ce_grad = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=flat_logits, labels=flat_labels)
+        label_logits = tf.gather(flat_logits, flat_labels, batch_dims=1)  # (N*T,)
+        losses = ce + epsilon * (label_logits - tf.reduce_mean(flat_logits, axis=-1))
 
         def grad(upstream):  # upstream: (N, T)
-            flat_probs = tf.reshape(tf.exp(logits - lse[:, :, None]) - epsilon / vocab_size, [-1, vocab_size])
-            flat_labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
+            flat_upstream = tf.reshape(upstream, [-1, 1])  # (N*T, 1)
             label_entries = tf.stack([tf.range(tf.size(flat_labels)), flat_labels], axis=1)  # (N*T, 2)
-            flat_grad = tf.tensor_scatter_nd_sub(flat_probs, label_entries,
-                                                 tf.fill(tf.shape(flat_labels), 1.0 - epsilon))  # (N*T, V)
-            return tf.reshape(flat_grad, tf.shape(logits)) * upstream[:, :, None]
-        return losses, grad
+            flat_grad = tf.tensor_scatter_nd_add((ce_grad - epsilon / vocab_size) * flat_upstream, label_entries,
+                                                 epsilon * flat_upstream[:, 0])  # (N*T, V)
+            return tf.cast(tf.reshape(flat_grad, tf.shape(logits)), logits.dtype)
+        return tf.reshape(losses, tf.shape(labels)), grad
     return cross_entropy(logits)
 
 

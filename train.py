@@ -87,7 +87,8 @@ def build_graph(hp, manifest, cluster):
     epoch, skip = tf1.placeholder_with_default(0, []), tf1.placeholder_with_default(0, [])
     train_batches, train_num_batches, num_train, num_over = get_batch(
         train_files["bpe1"], train_files["bpe2"], hp.maxlen1, hp.maxlen2, vocab, hp.batch_size, shuffle=True,
-        batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate, epoch=epoch, skip=skip)
+        batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate, epoch=epoch, skip=skip,
+        growth=hp.bucket_growth)
     eval_batches, eval_num_batches, num_eval, _ = get_batch(
         eval_files["bpe1"], eval_files["bpe2"], None, None, vocab, hp.test_batch_size)
     iterator = tf1.data.Iterator.from_structure(tf1.data.get_output_types(train_batches),

@@ -68,7 +68,7 @@ def main(argv=None):
     tf1.set_random_seed(hp.seed)
     batches, _, _, _ = get_batch(files["bpe1"], files["bpe2"], hp.maxlen1, hp.maxlen2,
                                  os.path.join(hp.data_dir, manifest["bpe_vocab"]), hp.batch_size, shuffle=True,
-                                 batch_type=hp.batch_type, seed=hp.seed)
+                                 batch_type=hp.batch_type, seed=hp.seed, growth=hp.bucket_growth)
     xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
     loss, train_op, _, _ = Transformer(hp).train(xs, ys)
     shapes = [tf.shape(xs[0]), tf.shape(ys[1]), tf.reduce_sum(xs[1]), tf.reduce_sum(ys[2])]

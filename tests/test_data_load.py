@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data_load import BOS_ID, EOS_ID, encode, get_batch, load_data, load_vocab, plan_batches
+from data_load import BOS_ID, EOS_ID, bucket_widths, encode, get_batch, load_data, load_vocab, plan_batches
 
 tf1 = tf.compat.v1
 
@@ -79,10 +79,29 @@ def test_token_batches_have_little_padding():
     lengths1 = rng.randint(3, 40, 5000)
     lengths2 = np.maximum(2, lengths1 + rng.randint(-4, 5, 5000))  # translations have correlated lengths
     batches = plan_batches(lengths1, lengths2, 1000, "tokens", np.random.RandomState(1))
-    real = sum(lengths1[b].sum() + lengths2[b].sum() for b in batches)
-    padded = sum(len(b) * (lengths1[b].max() + lengths2[b].max()) for b in batches)
-    assert sorted(np.concatenate(batches)) == list(range(5000))
+    real = sum(lengths1[b].sum() + lengths2[b].sum() for b, _ in batches)
+    padded = sum(len(b) * 2 * width for b, width in batches)
+    assert sorted(np.concatenate([b for b, _ in batches])) == list(range(5000))
     assert 1 - real / padded < 0.10
+
+
+def test_bucket_widths_by_hand():
+    assert list(bucket_widths(30, 0.05)) == list(range(1, 22)) + [23, 25, 27, 29, 31]
+    assert list(bucket_widths(12, 0.25)) == [1, 2, 3, 4, 5, 7, 9, 12]
+
+
+def test_token_batches_come_in_few_shapes_within_budget():
+    rng = np.random.RandomState(2)
+    lengths1 = rng.randint(3, 60, 3000)
+    lengths2 = np.maximum(2, lengths1 + rng.randint(-6, 7, 3000))
+    batches = plan_batches(lengths1, lengths2, 500, "tokens", np.random.RandomState(3), growth=0.1)
+    widths = bucket_widths(max(lengths1.max(), lengths2.max()), 0.1)
+    shapes = {(len(b), width) for b, width in batches}
+    for b, width in batches:
+        assert width in widths and max(lengths1[b].max(), lengths2[b].max()) <= width
+        assert len(b) * width <= 500
+    assert len(shapes) <= 2 * len({width for _, width in batches})
+    assert sorted(np.concatenate([b for b, _ in batches])) == list(range(3000))
 
 
 def test_training_skips_or_truncates_long_pairs(corpus):
@@ -97,7 +116,8 @@ def test_training_skips_or_truncates_long_pairs(corpus):
 
 def test_shuffle_depends_on_seed_and_epoch_only():
     lengths = np.arange(1, 41)
-    plan = lambda seed: [list(b) for b in plan_batches(lengths, lengths, 5, "sentences", np.random.RandomState(seed))]
+    plan = lambda seed: [list(b) for b, _ in plan_batches(lengths, lengths, 5, "sentences",
+                                                          np.random.RandomState(seed))]
     assert plan(7) == plan(7) and plan(7) != plan(8)
-    assert [list(b) for b in plan_batches(lengths, lengths, 5, "sentences")] == \
+    assert [list(b) for b, _ in plan_batches(lengths, lengths, 5, "sentences")] == \
         [list(range(i, i + 5)) for i in range(0, 40, 5)]

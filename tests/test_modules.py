@@ -76,6 +76,23 @@ def test_lean_loss_gradient_equals_one_hot_gradient():
     np.testing.assert_allclose(lean_grad, reference_grad, atol=1e-6)
 
 
+def test_lean_loss_on_bfloat16_logits_computes_in_float32():
+    rng = np.random.RandomState(5)
+    logits = (rng.randn(2, 4, 7) * 3).astype(np.float32)
+    labels = rng.randint(0, 7, (2, 4)).astype(np.int32)
+
+    def build():
+        bf16 = tf.cast(tf.constant(logits), tf.bfloat16)
+        loss = smoothed_cross_entropy(bf16, tf.constant(labels), 0.1)
+        reference = smoothed_cross_entropy(tf.cast(bf16, tf.float32), tf.constant(labels), 0.1)
+        grad = tf.gradients(tf.reduce_sum(loss), bf16)[0]
+        return loss, reference, grad, tf.cast(grad, tf.float32)
+    loss, reference, grad, grad32 = run(build)
+    assert loss.dtype == np.float32 and grad.dtype.name == "bfloat16"
+    np.testing.assert_allclose(loss, reference, atol=1e-6)
+    np.testing.assert_allclose(grad32.sum(axis=-1), 0, atol=1e-2)  # softmax - q sums to 0 over the vocabulary
+
+
 @pytest.mark.parametrize("pos,i", [(0, 0), (0, 1), (1, 0), (1, 1), (7, 4), (7, 5), (50, 14), (123, 31)])
 def test_positional_encoding_closed_form(pos, i):
     d_model = 32
