@@ -94,11 +94,14 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     if rng is not None:  # by bucket, then source and target length; ties in random order
         ties = rng.permutation(n)
         order = ties[np.lexsort((lengths2[ties], lengths1[ties], bucket[ties]))]
-    batches, start = [], 0
-    for end in range(1, n + 1):  # widths grow along order: a batch ends where one more pair would not fit
-        if end == n or (end + 1 - start) * bucket[order[end]] > batch_size:
-            batches.append((order[start:end], int(bucket[order[end - 1]])))
-            start = end
+    batches, start, width = [], 0, 0
+    for end, idx in enumerate(order):  # a batch ends where one more pair would not fit
+        if (end + 1 - start) * max(width, bucket[idx]) > batch_size:
+            batches.append((order[start:end], int(width)))
+            start, width = end, 0
+        width = max(width, bucket[idx])
+    if start < n:
+        batches.append((order[start:], int(width)))
     if rng is not None:
         rng.shuffle(batches)
     return batches

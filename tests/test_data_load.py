@@ -85,6 +85,12 @@ def test_token_batches_have_little_padding():
     assert 1 - real / padded < 0.10
 
 
+def test_token_batches_in_order_keep_the_budget():
+    lengths = np.array([9, 3, 3, 3, 2])
+    batches = plan_batches(lengths, lengths, 20, "tokens")
+    assert [(list(b), width) for b, width in batches] == [([0, 1], 9), ([2, 3, 4], 3)]
+
+
 def test_bucket_widths_by_hand():
     assert list(bucket_widths(30, 0.05)) == list(range(1, 22)) + [23, 25, 27, 29, 31]
     assert list(bucket_widths(12, 0.25)) == [1, 2, 3, 4, 5, 7, 9, 12]

@@ -47,10 +47,14 @@ def test_label_smoothing_three_classes():
                                           [0.03333334, 0.93333334, 0.03333334]], rtol=1e-6)
 
 
+def random_logits(seed, shape, scale):
+    """Random float32 logits of `shape` (N, T, V) times scale, and int32 labels (N, T) below V."""
+    rng = np.random.RandomState(seed)
+    return (rng.randn(*shape) * scale).astype(np.float32), rng.randint(0, shape[-1], shape[:2]).astype(np.int32)
+
+
 def test_lean_loss_equals_one_hot_label_smoothed_cross_entropy():
-    rng = np.random.RandomState(1)
-    logits = (rng.randn(3, 5, 11) * 4).astype(np.float32)
-    labels = rng.randint(0, 11, (3, 5)).astype(np.int32)
+    logits, labels = random_logits(1, (3, 5, 11), 4)
 
     def build():
         reference = tf.nn.softmax_cross_entropy_with_logits(
@@ -61,10 +65,8 @@ def test_lean_loss_equals_one_hot_label_smoothed_cross_entropy():
 
 
 def test_lean_loss_gradient_equals_one_hot_gradient():
-    rng = np.random.RandomState(4)
-    logits = (rng.randn(2, 6, 9) * 3).astype(np.float32)
-    labels = rng.randint(0, 9, (2, 6)).astype(np.int32)
-    weights = rng.rand(2, 6).astype(np.float32)  # a weighted sum, as the masked mean of training is
+    logits, labels = random_logits(4, (2, 6, 9), 3)
+    weights = np.random.RandomState(4).rand(2, 6).astype(np.float32)  # a weighted sum, as training's masked mean
 
     def build():
         variable = tf.constant(logits)
@@ -77,9 +79,7 @@ def test_lean_loss_gradient_equals_one_hot_gradient():
 
 
 def test_lean_loss_on_bfloat16_logits_computes_in_float32():
-    rng = np.random.RandomState(5)
-    logits = (rng.randn(2, 4, 7) * 3).astype(np.float32)
-    labels = rng.randint(0, 7, (2, 4)).astype(np.int32)
+    logits, labels = random_logits(5, (2, 4, 7), 3)
 
     def build():
         bf16 = tf.cast(tf.constant(logits), tf.bfloat16)
