@@ -16,7 +16,7 @@ Variable names (stable across versions, so checkpoints restore; see README):
 """
 import tensorflow as tf
 
-from modules import (dense, dropout, ff, get_token_embeddings, ln, matmul, merge_heads, multihead_attention, noam_scheme,
+from modules import (dense, dropout, ff, get_token_embeddings, ln, merge_heads, multihead_attention, noam_scheme,
                      positional_encoding, scaled_dot_product_attention, smoothed_cross_entropy, split_heads,
                      sublayer_input, sublayer_output)
 
@@ -94,8 +94,10 @@ class Transformer:
             return self._final_ln(dec), attention
 
     def _logits(self, dec):
-        """dec: (N, T, d_model). Returns (N, T, V): the output projection is the transposed embedding matrix."""
-        logits = matmul(tf.reshape(dec, [-1, self.hp.d_model]), self.embeddings, self.dtype, transpose_b=True)  # (N*T, V)
+        """dec: (N, T, d_model). Returns (N, T, V) in self.dtype (bfloat16 under bf16: the loss and the decoding
+        log-probabilities cast to float32 themselves). The output projection is the transposed embedding matrix."""
+        logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype),
+                           tf.cast(self.embeddings, self.dtype), transpose_b=True)  # (N*T, V)
         return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
@@ -172,13 +174,17 @@ class Transformer:
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
-        cache: list of num_blocks pairs (K, V), each (B, h, step, d_model/h), the self-attention keys and values
-            so far (sentence-major, so that beam search can reorder them by sentence).
+        cache: list of num_blocks pairs (K, V), each (B, h, L, d_model/h), the self-attention keys and values of
+            positions 0..step-1 and zeros after (sentence-major, so that beam search can reorder them by
+            sentence). L is fixed for the whole batch, so every step runs on the same shapes.
         memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
-        Returns logits (B, V) and the cache with this position appended, each (B, h, step+1, d_model/h).
+        Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
+        cache_len = tf.shape(cache[0][0])[2]
+        at_step = tf.one_hot(step, cache_len)[None, None, :, None]  # (1, 1, L, 1)
+        future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
             dec = self._embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
@@ -186,23 +192,26 @@ class Transformer:
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
                         x = sublayer_input(dec, hp.norm_type)
-                        K = tf.concat([K, tf.reshape(self._heads(x, "k"), [-1, hp.num_heads, 1, d_head])], 2)
-                        V = tf.concat([V, tf.reshape(self._heads(x, "v"), [-1, hp.num_heads, 1, d_head])], 2)
-                    new_cache.append((K, V))  # (B, h, step+1, d_model/h)
-                    K, V = (tf.reshape(t, [-1, step + 1, d_head]) for t in (K, V))  # (B*h, step+1, d_model/h)
-                    dec = self._cached_attention(dec, K, V, None, "self_attention")
+                        K += at_step * tf.reshape(self._heads(x, "k"), [-1, hp.num_heads, 1, d_head])
+                        V += at_step * tf.reshape(self._heads(x, "v"), [-1, hp.num_heads, 1, d_head])
+                    new_cache.append((K, V))  # (B, h, L, d_model/h)
+                    K, V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
+                    dec = self._cached_attention(dec, K, V, future, "self_attention")
                     dec = self._cached_attention(dec, mem_K, mem_V, src_masks, "vanilla_attention")
                     dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
         return self._logits(dec)[:, 0, :], new_cache
 
-    def _cached_decoder(self, memory, src_masks):
-        """Step function and initial state for decoding with a cache. memory: (B, T1, d_model)."""
+    def _cached_decoder(self, memory, src_masks, max_steps):
+        """Step function and initial state for decoding with a cache.
+
+        memory: (B, T1, d_model). src_masks: (B, T1). max_steps: (B,), the longest sets the cache length L.
+        """
         hp = self.hp
         memory_kv = self._project_memory(memory)
         head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
-        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, 0, hp.d_model // hp.num_heads])  # (B, h, 0, d/h)
-        cache = [(empty, empty) for _ in range(hp.num_blocks)]
+        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, tf.reduce_max(max_steps), hp.d_model // hp.num_heads])
+        cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, L, d_model/h)
 
         def step_fn(tokens, step, state):
             return self._cached_step(tokens, step, state, memory_kv, head_masks)
@@ -232,7 +241,7 @@ class Transformer:
         max_steps = max_decoding_steps(xs[1], max_len_a, max_len_b)
         if beam_size == 1:
             if cached:
-                step_fn, state = self._cached_decoder(memory, src_masks)
+                step_fn, state = self._cached_decoder(memory, src_masks, max_steps)
                 append = None
             else:
                 step_fn, state, append = self._uncached_decoder(memory, src_masks)
@@ -249,7 +258,7 @@ class Transformer:
         """
         tiled_memory = tile_beams(memory, beam_size)  # (N*K, T1, d_model)
         tiled_masks = tile_beams(src_masks, beam_size)
-        step_fn, state = self._cached_decoder(tiled_memory, tiled_masks)
+        step_fn, state = self._cached_decoder(tiled_memory, tiled_masks, max_steps)
         return beam_search(step_fn, state, max_steps, beam_size, alpha)
 
     def _teacher_forced(self, xs, ids):
