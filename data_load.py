@@ -78,6 +78,8 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
 
     lengths1, lengths2: (n,) sequence lengths of x and y. rng: a numpy RandomState to shuffle with (training),
     or None to keep the order (evaluation). growth: see bucket_widths (tokens mode).
+    In tokens mode every batch but the last holds exactly batch_size // W pairs padded to width W, so a whole
+    epoch comes in about one shape per bucket (each new shape costs oneDNN kernel memory, see the README).
     Returns a list of (index array, padded width): the width is None in sentences mode.
     """
     n = len(lengths1)
@@ -94,12 +96,13 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     if rng is not None:  # by bucket, then source and target length; ties in random order
         ties = rng.permutation(n)
         order = ties[np.lexsort((lengths2[ties], lengths1[ties], bucket[ties]))]
-    batches, start, width = [], 0, 0
-    for end, idx in enumerate(order):  # a batch ends where one more pair would not fit
-        if (end + 1 - start) * max(width, bucket[idx]) > batch_size:
-            batches.append((order[start:end], int(width)))
-            start, width = end, 0
+    batches, start, width = [], 0, 1
+    for end, idx in enumerate(order, 1):  # a batch closes once it holds batch_size // width pairs
         width = max(width, bucket[idx])
+        while end - start >= batch_size // width:  # padded to the window's width: one batch shape per width
+            batches.append((order[start:start + batch_size // width], int(width)))
+            start += batch_size // width
+            width = bucket[order[start:end]].max(initial=1)
     if start < n:
         batches.append((order[start:], int(width)))
     if rng is not None:
