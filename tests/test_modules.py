@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from modules import (label_smoothing, ln, noam_scheme, positional_encoding, scaled_dot_product_attention,
+from modules import (dropout, get_token_embeddings, label_smoothing, ln, noam_scheme, positional_encoding, scaled_dot_product_attention,
                      smoothed_cross_entropy)
 
 tf1 = tf.compat.v1
@@ -39,6 +39,32 @@ def test_key_mask_and_causality_zero_the_right_weights():
     np.testing.assert_allclose(key_weights.sum(-1), 1.0, rtol=1e-6)
     lower = np.tril(np.ones((3, 3), bool))
     assert np.all(future_weights[0][~lower] == 0) and np.all(future_weights[0][lower] > 0)
+
+
+def test_dropout_rate_scale_gradient_and_seed():
+    def build(seed):
+        tf1.set_random_seed(seed)
+        ones = tf.ones([601, 333])  # 200,133 entries: not a multiple of the 4 draws per random word
+        dropped = dropout(ones, 0.1, training=True)
+        return dropped, tf.gradients(tf.reduce_sum(3.0 * dropped), ones)[0], dropout(tf.ones([7, 3]), 0.5, True)
+    (dropped, grad, small), (again, _, _), (other_seed, _, _) = run(lambda: build(1)), run(lambda: build(1)), \
+        run(lambda: build(2))
+    zero = dropped == 0
+    assert abs(zero.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
+    np.testing.assert_allclose(dropped[~zero], 1 / 0.9, rtol=1e-6)
+    np.testing.assert_allclose(grad, 3.0 * dropped, rtol=1e-6)  # d/dx of 3 * x * mask / 0.9
+    np.testing.assert_array_equal(dropped, again)
+    assert (dropped != other_seed).mean() > 0.1 and set(np.unique(small)) <= {0.0, 2.0}
+    assert run(lambda: dropout(tf.ones([3]), 0.1, training=False)).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_padding_embedding_row_is_zero_and_gets_no_gradient():
+    def build():
+        embeddings = get_token_embeddings(5, 4)
+        return embeddings, tf.gradients(tf.reduce_sum(embeddings), tf1.trainable_variables())[0]
+    embeddings, grad = run(build)
+    assert not embeddings[0].any() and embeddings[1:].all()
+    assert not grad[0].any() and (grad[1:] == 1).all()
 
 
 def test_label_smoothing_three_classes():
