@@ -183,7 +183,9 @@ class Transformer:
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
         cache_len = tf.shape(cache[0][0])[2]
-        at_step = tf.one_hot(step, cache_len)[None, None, :, None]  # (1, 1, L, 1)
+        sentence_head = tf.meshgrid(tf.range(tf.shape(tokens)[0]), tf.range(hp.num_heads), indexing="ij")
+        at_step = tf.stack(sentence_head + [tf.fill(tf.shape(sentence_head[0]), step)], -1)  # (B, h, 3)
+        at_step = tf.reshape(at_step, [-1, 3])  # (B*h, 3): the cache entries (sentence, head, step)
         future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
@@ -192,8 +194,8 @@ class Transformer:
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
                         x = sublayer_input(dec, hp.norm_type)
-                        K += at_step * tf.reshape(self._heads(x, "k"), [-1, hp.num_heads, 1, d_head])
-                        V += at_step * tf.reshape(self._heads(x, "v"), [-1, hp.num_heads, 1, d_head])
+                        K = tf.tensor_scatter_nd_update(K, at_step, self._heads(x, "k")[:, 0])  # (B*h, d/h) written
+                        V = tf.tensor_scatter_nd_update(V, at_step, self._heads(x, "v")[:, 0])
                     new_cache.append((K, V))  # (B, h, L, d_model/h)
                     K, V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
                     dec = self._cached_attention(dec, K, V, future, "self_attention")
