@@ -9,10 +9,10 @@ Batches are planned in Python once per epoch and padded with numpy; tf.data runs
 training step (prefetch). Two batching modes:
     sentences: batch_size sentences per batch, each side padded to its longest sentence;
     tokens:    length buckets. A pair's bucket is the smallest width W of bucket_widths() that holds its longer
-               side. Pairs sorted by bucket are packed while N * W <= batch_size (W of the widest pair), and both
-               sides are padded to W: no batch exceeds the token budget, padding included, and training sees
-               few batch shapes (mostly batch_size // W pairs of width W), since oneDNN builds and keeps kernels
-               for every shape, which costs memory and time.
+               side. Pairs sorted by bucket fill batches of exactly batch_size // W pairs (all but the last), W the
+               widest bucket among them, and both sides are padded to W: no batch exceeds the token budget,
+               padding included, and training sees one batch shape per width, since oneDNN builds and keeps
+               kernels for every shape, which costs memory and time.
 Training batches are shuffled; evaluation batches keep every line, in order.
 """
 import math

@@ -170,22 +170,21 @@ class Transformer:
             outputs = dense(merge_heads(outputs, hp.num_heads), hp.d_model, scope="o", dtype=self.dtype)
             return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
 
-    def _cached_step(self, tokens, step, cache, memory_kv, src_masks):
+    def _cached_step(self, tokens, step, cache, cache_rows, memory_kv, src_masks):
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
         cache: list of num_blocks pairs (K, V), each (B, h, L, d_model/h), the self-attention keys and values of
             positions 0..step-1 and zeros after (sentence-major, so that beam search can reorder them by
             sentence). L is fixed for the whole batch, so every step runs on the same shapes.
+        cache_rows: (B*h, 2) the (sentence, head) pairs of the cache, in the order of the heads' batch axis.
         memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
         cache_len = tf.shape(cache[0][0])[2]
-        sentence_head = tf.meshgrid(tf.range(tf.shape(tokens)[0]), tf.range(hp.num_heads), indexing="ij")
-        at_step = tf.stack(sentence_head + [tf.fill(tf.shape(sentence_head[0]), step)], -1)  # (B, h, 3)
-        at_step = tf.reshape(at_step, [-1, 3])  # (B*h, 3): the cache entries (sentence, head, step)
+        at_step = tf.pad(cache_rows, [[0, 0], [0, 1]], constant_values=step)  # (B*h, 3): (sentence, head, step)
         future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
@@ -214,9 +213,11 @@ class Transformer:
         head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
         empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, tf.reduce_max(max_steps), hp.d_model // hp.num_heads])
         cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, L, d_model/h)
+        sentence_head = tf.meshgrid(tf.range(tf.shape(memory)[0]), tf.range(hp.num_heads), indexing="ij")
+        cache_rows = tf.reshape(tf.stack(sentence_head, -1), [-1, 2])  # (B*h, 2)
 
         def step_fn(tokens, step, state):
-            return self._cached_step(tokens, step, state, memory_kv, head_masks)
+            return self._cached_step(tokens, step, state, cache_rows, memory_kv, head_masks)
         return step_fn, cache
 
     def _uncached_decoder(self, memory, src_masks):
@@ -335,8 +336,8 @@ def tile_beams(tensor, beam_size):
 
 
 def _state_invariants(state):
-    """Shape invariants of decoder states: a prefix (B, t) may change in both axes, a cache (B, h, t, d_model/h)
-    in all but the last."""
+    """Shape invariants of decoder states: a prefix (B, t) grows in t; a cache (B, h, L, d_model/h) keeps its
+    shape, of which only the last axis is known when the graph is built."""
     def invariant(tensor):
         dims = [None] * tensor.shape.rank
         if tensor.shape.rank > 2:
