@@ -17,8 +17,8 @@ Variable names (stable across versions, so checkpoints restore; see README):
 import tensorflow as tf
 
 from modules import (dense, dropout, ff, get_token_embeddings, ln, merge_heads, multihead_attention, noam_scheme,
-                     positional_encoding, scaled_dot_product_attention, smoothed_cross_entropy, split_heads,
-                     sublayer_input, sublayer_output)
+                     output_loss, positional_encoding, scaled_dot_product_attention, split_heads, sublayer_input,
+                     sublayer_output)
 
 tf1 = tf.compat.v1
 
@@ -115,12 +115,15 @@ class Transformer:
     # ---------------------------------------------------------------- training
     def loss(self, xs, ys):
         """Label-smoothed cross entropy summed over the non-pad target tokens, their count, and the last block's
-        cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss."""
+        cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss. Logits are computed
+        for the non-pad tokens only, a chunk of rows at a time (modules.output_loss)."""
         memory, src_masks = self.encode(xs)
-        logits, _, y, _, attention = self.decode(ys, memory, src_masks)
-        nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)  # (N, T2)
-        token_losses = smoothed_cross_entropy(logits, y, self.hp.smoothing)  # (N, T2)
-        return tf.reduce_sum(token_losses * nonpadding), tf.reduce_sum(nonpadding), attention
+        decoder_input, y, _, _ = ys
+        dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)  # (N, T2, d_model)
+        nonpadding = tf.not_equal(y, PAD_ID)  # (N, T2)
+        loss_sum = output_loss(tf.boolean_mask(dec, nonpadding), self.embeddings,  # (M, d_model): M non-pad tokens
+                               tf.boolean_mask(y, nonpadding), self.hp.smoothing, self.dtype)
+        return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
 
     def train(self, xs, ys):
         """Returns loss (label-smoothed cross entropy per non-pad target token), train_op, global_step, summaries."""
@@ -211,7 +214,8 @@ class Transformer:
         hp = self.hp
         memory_kv = self._project_memory(memory)
         head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
-        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, tf.reduce_max(max_steps), hp.d_model // hp.num_heads])
+        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, tf.reduce_max(max_steps), hp.d_model // hp.num_heads],
+                         self.dtype)
         cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, L, d_model/h)
         sentence_head = tf.meshgrid(tf.range(tf.shape(memory)[0]), tf.range(hp.num_heads), indexing="ij")
         cache_rows = tf.reshape(tf.stack(sentence_head, -1), [-1, 2])  # (B*h, 2)

@@ -15,25 +15,19 @@ tf1 = tf.compat.v1
 MASKED_LOGIT = -1e9
 
 
-def matmul(a, b, dtype=tf.float32, transpose_b=False):
-    """a @ b computed in `dtype` (bfloat16 for mixed precision), returned as float32. a: (M, K). b: (K, N)."""
-    if dtype == tf.float32:
-        return tf.matmul(a, b, transpose_b=transpose_b)
-    return tf.cast(tf.matmul(tf.cast(a, dtype), tf.cast(b, dtype), transpose_b=transpose_b), tf.float32)
-
-
 def dense(inputs, units, use_bias=True, scope="dense", dtype=tf.float32):
     """Affine map of the last axis (Keras 3 removed tf.compat.v1.layers.dense; this replaces it).
 
-    inputs: (..., d_in). dtype: of the matrix product (variables and outputs stay float32).
-    Returns (..., units). Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
+    inputs: (..., d_in), any float dtype. dtype: of the product and the outputs (tf.bfloat16 for mixed precision:
+    the variables stay float32 and are cast). Returns (..., units) in dtype.
+    Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
     """
     d_in = inputs.shape[-1]
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         kernel = tf1.get_variable("kernel", [d_in, units], initializer=tf1.glorot_uniform_initializer())
-        outputs = matmul(tf.reshape(inputs, [-1, d_in]), kernel, dtype)  # (N*T, units)
+        outputs = tf.matmul(tf.cast(tf.reshape(inputs, [-1, d_in]), dtype), tf.cast(kernel, dtype))  # (N*T, units)
         if use_bias:
-            outputs += tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
+            outputs += tf.cast(tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer()), dtype)
     return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
 
 
@@ -106,19 +100,20 @@ def mask(inputs, key_masks=None, type=None):
 def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True):
     """softmax(Q K^T / sqrt(d_k)) V (Section 3.2.1).
 
-    Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v).
+    Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 for mixed precision, in
+    which case the products run in bfloat16 and the scaling, masks and softmax in float32.
     key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), or None.
     causality: if True, query t attends only to keys <= t.
-    Returns outputs (N, T_q, d_v) and attention weights (N, T_q, T_k).
+    Returns outputs (N, T_q, d_v) in V's dtype and attention weights (N, T_q, T_k) float32.
     """
     d_k = Q.shape[-1]
-    logits = tf.matmul(Q, K, transpose_b=True) * (float(d_k) ** -0.5)  # (N, T_q, T_k)
+    logits = tf.cast(tf.matmul(Q, K, transpose_b=True), tf.float32) * (float(d_k) ** -0.5)  # (N, T_q, T_k)
     if key_masks is not None:
         logits = mask(logits, key_masks, type="key")
     if causality:
         logits = mask(logits, type="future")
     attention = tf.nn.softmax(logits)
-    outputs = tf.matmul(dropout(attention, dropout_rate, training), V)  # (N, T_q, d_v)
+    outputs = tf.matmul(dropout(tf.cast(attention, V.dtype), dropout_rate, training), V)  # (N, T_q, d_v)
     return outputs, attention
 
 
@@ -139,9 +134,9 @@ def merge_heads(x, num_heads):
 def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True):
     """Attention of every head at once (Section 3.2.2), on projected queries, keys and values.
 
-    Q: (N, T_q, d_model). K, V: (N, T_k, d_model). key_masks: (N, T_k) bool or None.
-    Returns outputs (N, T_q, d_model) (heads concatenated, before the output projection)
-    and attention weights (N, h, T_q, T_k).
+    Q: (N, T_q, d_model). K, V: (N, T_k, d_model), float32 or bfloat16. key_masks: (N, T_k) bool or None.
+    Returns outputs (N, T_q, d_model) in V's dtype (heads concatenated, before the output projection)
+    and attention weights (N, h, T_q, T_k) float32.
     """
     outputs, attention = scaled_dot_product_attention(
         split_heads(Q, num_heads), split_heads(K, num_heads), split_heads(V, num_heads),  # (N*h, T, d_model/h)
@@ -161,10 +156,10 @@ def sublayer_input(inputs, norm_type):
 def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
     """Residual connection around a sublayer: LN(x + dropout(f)) (post) or x + dropout(f) (pre) (Section 5.4).
 
-    inputs: (N, T, d_model), the sublayer's input x. outputs: (N, T, d_model), the sublayer's f.
-    Returns (N, T, d_model).
+    inputs: (N, T, d_model) float32, the sublayer's input x. outputs: (N, T, d_model), the sublayer's f, in float32
+    or bfloat16 (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
     """
-    residual = inputs + dropout(outputs, dropout_rate, training)
+    residual = inputs + tf.cast(dropout(outputs, dropout_rate, training), inputs.dtype)
     return ln(residual) if norm_type == "post" else residual
 
 
@@ -176,7 +171,8 @@ def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_r
     keys, values: (N, T_k, d_model), or None for self-attention on the queries as the sublayer sees them
         (with norm_type "pre" that is LN(queries), so self-attention must pass None).
     key_masks: (N, T_k) bool, True at padding; None attends to every key.
-    dtype: of the projections' matrix products (tf.bfloat16 for mixed precision).
+    dtype: of the projections and the attention products (tf.bfloat16 for mixed precision: Q, K, V and the heads'
+        outputs stay bfloat16 from one product to the next; softmax, residual and layer norm are float32).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
@@ -197,7 +193,8 @@ def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., tra
        dtype=tf.float32):
     """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 with residual and layer norm (Section 3.3).
 
-    inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products.
+    inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products and of the (N, T, d_ff)
+    hidden activations between them.
     Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
@@ -234,33 +231,65 @@ def label_smoothing(inputs, epsilon=0.1):
 
 
 def smoothed_cross_entropy(logits, labels, epsilon=0.1):
-    """Cross entropy against q = label_smoothing(one_hot(labels)) without building any (N, T, V) targets.
+    """Cross entropy against q = label_smoothing(one_hot(labels)) and its gradient, without building any (M, V) targets.
 
     With ce = -log p_label (TensorFlow's fused sparse softmax cross entropy, which also returns its gradient
     softmax(logits) - one_hot(labels)):
     -sum_v q_v log p_v = ce + epsilon * (logits[label] - mean_v(logits)),
-    whose gradient is that fused gradient + epsilon * (one_hot(labels) - 1 / V). So the only (N, T, V) tensor kept
-    from the forward to the backward pass is the fused gradient, and no one-hot or smoothed targets are built.
-    logits: (N, T, V) float32 or bfloat16 (computed in float32). labels: (N, T) int. Returns (N, T) float32.
+    whose gradient is that fused gradient + epsilon * (one_hot(labels) - 1 / V).
+    logits: (M, V) float32. labels: (M,) int32. Returns losses (M,) and their gradients d loss_i / d logits_i (M, V).
     """
     vocab_size = logits.shape[-1]
+    ce, ce_grads = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits, labels=labels)  # (M,), (M, V)
+    label_logits = tf.gather(logits, labels, batch_dims=1)  # (M,)
+    losses = ce + epsilon * (label_logits - tf.reduce_mean(logits, axis=-1))
+    label_entries = tf.stack([tf.range(tf.shape(labels)[0]), labels], axis=1)  # (M, 2)
+    grads = tf.tensor_scatter_nd_add(ce_grads - epsilon / vocab_size, label_entries,
+                                     tf.fill(tf.shape(labels), epsilon))  # (M, V)
+    return losses, grads
+
+
+def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256):
+    """Summed smoothed_cross_entropy of the output logits hidden @ embeddings^T (Sections 3.4 and 5.4), computed
+    chunk_rows rows at a time together with its gradient.
+
+    The (M, V) logits and their gradient are a training step's largest tensors. Here at most (chunk_rows, V) of
+    them exist at once: each chunk's loss gradient is multiplied into the gradients of hidden and embeddings in the
+    forward pass, and the backward pass only scales those by the upstream gradient. The rows are padded with zeros
+    to a multiple of chunk_rows, so every chunk has one shape whatever M is (oneDNN builds kernels per shape); zero
+    rows add nothing to the embeddings' gradient and their losses are left out of the sum.
+    hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V, d_model) float32,
+    the output projection. labels: (M,) int32. dtype: of the matrix products (tf.bfloat16 for mixed precision).
+    Returns the sum of the M losses, a float32 scalar.
+    """
+    d_model = hidden.shape[-1]
+    rows = tf.shape(hidden)[0]
+    padding = -rows % chunk_rows
+    real_rows = tf.range(rows + padding) < rows  # (M + padding,)
+    labels = tf.pad(labels, [[0, padding]])
 
     @tf.custom_gradient
-    def cross_entropy(logits):
-        flat_logits = tf.reshape(tf.cast(logits, tf.float32), [-1, vocab_size])  # (N*T, V)
-        flat_labels = tf.reshape(tf.cast(labels, tf.int32), [-1])  # (N*T,)
-        ce, ce_grad = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=flat_logits, labels=flat_labels)
-        label_logits = tf.gather(flat_logits, flat_labels, batch_dims=1)  # (N*T,)
-        losses = ce + epsilon * (label_logits - tf.reduce_mean(flat_logits, axis=-1))
+    def loss_sum(hidden, embeddings):  # hidden: (M + padding, d_model)
+        weights = tf.cast(embeddings, dtype)  # (V, d_model)
 
-        def grad(upstream):  # upstream: (N, T)
-            flat_upstream = tf.reshape(upstream, [-1, 1])  # (N*T, 1)
-            label_entries = tf.stack([tf.range(tf.size(flat_labels)), flat_labels], axis=1)  # (N*T, 2)
-            flat_grad = tf.tensor_scatter_nd_add((ce_grad - epsilon / vocab_size) * flat_upstream, label_entries,
-                                                 epsilon * flat_upstream[:, 0])  # (N*T, V)
-            return tf.cast(tf.reshape(flat_grad, tf.shape(logits)), logits.dtype)
-        return tf.reshape(losses, tf.shape(labels)), grad
-    return cross_entropy(logits)
+        def body(start, total, hidden_grads, embedding_grads):
+            chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
+            logits = tf.cast(tf.matmul(chunk, weights, transpose_b=True), tf.float32)  # (chunk_rows, V)
+            losses, logit_grads = smoothed_cross_entropy(logits, labels[start:start + chunk_rows], epsilon)
+            logit_grads = tf.cast(logit_grads, dtype)
+            chunk_grads = tf.cast(tf.matmul(logit_grads, weights), tf.float32)  # (chunk_rows, d_model)
+            embedding_grads += tf.cast(tf.matmul(logit_grads, chunk, transpose_a=True), tf.float32)  # (V, d_model)
+            total += tf.reduce_sum(tf.where(real_rows[start:start + chunk_rows], losses, 0.0))
+            return start + chunk_rows, total, tf.concat([hidden_grads, chunk_grads], 0), embedding_grads
+
+        _, total, hidden_grads, embedding_grads = tf.while_loop(
+            lambda start, *_: start < rows, body,
+            [tf.constant(0), tf.constant(0.0), tf.zeros([0, d_model]), tf.zeros_like(embeddings)],
+            shape_invariants=[tf.TensorShape([]), tf.TensorShape([]), tf.TensorShape([None, d_model]),
+                              embeddings.shape],
+            parallel_iterations=1)  # one chunk at a time
+        return total, lambda upstream: (upstream * hidden_grads, upstream * embedding_grads)
+    return loss_sum(tf.pad(hidden, [[0, padding], [0, 0]]), embeddings)
 
 
 def noam_scheme(init_lr, global_step, warmup_steps=4000.):

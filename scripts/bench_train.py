@@ -45,13 +45,14 @@ def matmul_gflops(config, n=2048, repeats=10):
     return 2.0 * n ** 3 / np.median(times) / 1e9
 
 
-def forward_flops(hp, n, t1, t2):
-    """Multiply-add FLOPs (2 per MAC) of one forward pass on a padded batch (n, t1) -> (n, t2)."""
+def forward_flops(hp, n, t1, t2, target_tokens):
+    """Multiply-add FLOPs (2 per MAC) of one forward pass on a padded batch (n, t1) -> (n, t2) whose output layer
+    scores the target_tokens real (non-pad) target tokens only, as model.Transformer.loss does."""
     d, f = hp.d_model, hp.d_ff
     encoder = 2 * n * t1 * (4 * d * d + 2 * d * f) + 2 * 2 * n * t1 * t1 * d
     decoder = (2 * n * t2 * (6 * d * d + 2 * d * f) + 2 * n * t1 * 2 * d * d
                + 2 * 2 * n * t2 * t2 * d + 2 * 2 * n * t2 * t1 * d)
-    return hp.num_blocks * (encoder + decoder) + 2 * n * t2 * d * hp.vocab_size
+    return hp.num_blocks * (encoder + decoder) + 2 * target_tokens * d * hp.vocab_size
 
 
 def main(argv=None):
@@ -95,7 +96,7 @@ def main(argv=None):
                 seen.add((n, t1, t2))
                 new_shape_seconds.append(seconds)
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
-    flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2)])  # forward + backward ~ 3x forward
+    flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
     step_s = float(np.median(seconds))
     model_gflops = float(np.median(flops / seconds) / 1e9)
     result = {

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from model_fixtures import build, random_ids, small_hp
+from modules import label_smoothing
 
 tf1 = tf.compat.v1
 
@@ -55,6 +56,50 @@ def test_overfits_a_tiny_batch():
             sess.run(tf1.global_variables_initializer())
             losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(300)]
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
+
+
+def loss_and_gradients(hp, x, y, reference=False):
+    """Training loss sum, token count and gradients of every variable for one batch, with fixed-seed weights.
+    reference: score decode()'s full (N, T2, V) logits against materialized smoothed one-hot targets instead."""
+    with tf.Graph().as_default():
+        model, ph = build(hp)
+        if reference:
+            memory, src_masks = model.encode(ph.xs)
+            logits, _, labels, _, _ = model.decode(ph.ys, memory, src_masks)
+            nonpadding = tf.cast(tf.not_equal(labels, 0), tf.float32)
+            targets = label_smoothing(tf.one_hot(labels, hp.vocab_size), hp.smoothing)
+            loss_sum = tf.reduce_sum(nonpadding * tf.nn.softmax_cross_entropy_with_logits(targets, logits))
+            token_count = tf.reduce_sum(nonpadding)
+        else:
+            loss_sum, token_count, _ = model.loss(ph.xs, ph.ys)
+        gradients = tf.gradients(loss_sum, tf1.trainable_variables())
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            return sess.run([loss_sum, token_count, gradients], ph.feed(x, y))
+
+
+def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss():
+    rng = np.random.RandomState(3)
+    hp = small_hp(smoothing=0.1)
+    x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size, width=9)
+    loss_sum, token_count, gradients = loss_and_gradients(hp, x, y)
+    reference_sum, reference_count, reference_gradients = loss_and_gradients(hp, x, y, reference=True)
+    assert token_count == reference_count == 21
+    np.testing.assert_allclose(loss_sum, reference_sum, rtol=1e-5)
+    for gradient, reference in zip(gradients, reference_gradients):
+        np.testing.assert_allclose(gradient, reference, atol=1e-5)
+
+
+def test_bfloat16_training_loss_and_gradients_track_float32():
+    rng = np.random.RandomState(4)
+    x, y = random_ids(rng, [6, 5, 7, 4], 40), random_ids(rng, [5, 7, 6, 3], 40)
+    fp32_sum, _, fp32_gradients = loss_and_gradients(small_hp(smoothing=0.1), x, y)
+    bf16_sum, _, bf16_gradients = loss_and_gradients(small_hp(smoothing=0.1, precision="bf16"), x, y)
+    np.testing.assert_allclose(bf16_sum, fp32_sum, rtol=1e-2)
+    flat = [np.concatenate([g.ravel() for g in gradients]) for gradients in (fp32_gradients, bf16_gradients)]
+    cosine = flat[0] @ flat[1] / np.linalg.norm(flat[0]) / np.linalg.norm(flat[1])
+    assert cosine > 0.99, cosine
+    assert all(g.dtype == np.float32 for g in bf16_gradients)
 
 
 def expected_variables(d_model=32, d_ff=64, vocab_size=40):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from modules import (dropout, get_token_embeddings, label_smoothing, ln, noam_scheme, positional_encoding, scaled_dot_product_attention,
-                     smoothed_cross_entropy)
+from modules import (dropout, get_token_embeddings, label_smoothing, ln, noam_scheme, output_loss, positional_encoding,
+                     scaled_dot_product_attention, smoothed_cross_entropy)
 
 tf1 = tf.compat.v1
 
@@ -73,50 +73,58 @@ def test_label_smoothing_three_classes():
                                           [0.03333334, 0.93333334, 0.03333334]], rtol=1e-6)
 
 
-def random_logits(seed, shape, scale):
-    """Random float32 logits of `shape` (N, T, V) times scale, and int32 labels (N, T) below V."""
-    rng = np.random.RandomState(seed)
-    return (rng.randn(*shape) * scale).astype(np.float32), rng.randint(0, shape[-1], shape[:2]).astype(np.int32)
+def one_hot_smoothed_cross_entropy(logits, labels, vocab_size, epsilon=0.1):
+    """The reference: softmax cross entropy against the materialized (M, V) smoothed one-hot targets."""
+    return tf.nn.softmax_cross_entropy_with_logits(
+        labels=label_smoothing(tf.one_hot(labels, vocab_size), epsilon), logits=logits)
 
 
-def test_lean_loss_equals_one_hot_label_smoothed_cross_entropy():
-    logits, labels = random_logits(1, (3, 5, 11), 4)
-
-    def build():
-        reference = tf.nn.softmax_cross_entropy_with_logits(
-            labels=label_smoothing(tf.one_hot(labels, 11), 0.1), logits=logits)
-        return smoothed_cross_entropy(tf.constant(logits), tf.constant(labels), 0.1), reference
-    lean, reference = run(build)
-    np.testing.assert_allclose(lean, reference, atol=1e-5)
-
-
-def test_lean_loss_gradient_equals_one_hot_gradient():
-    logits, labels = random_logits(4, (2, 6, 9), 3)
-    weights = np.random.RandomState(4).rand(2, 6).astype(np.float32)  # a weighted sum, as training's masked mean
+def test_lean_loss_and_its_gradient_equal_one_hot_label_smoothed_cross_entropy():
+    rng = np.random.RandomState(1)
+    logits, labels = (rng.randn(15, 11) * 4).astype(np.float32), rng.randint(0, 11, 15).astype(np.int32)
 
     def build():
         variable = tf.constant(logits)
-        lean = tf.reduce_sum(weights * smoothed_cross_entropy(variable, tf.constant(labels), 0.1))
-        reference = tf.reduce_sum(weights * tf.nn.softmax_cross_entropy_with_logits(
-            labels=label_smoothing(tf.one_hot(labels, 9), 0.1), logits=variable))
-        return tf.gradients(lean, variable)[0], tf.gradients(reference, variable)[0]
-    lean_grad, reference_grad = run(build)
-    np.testing.assert_allclose(lean_grad, reference_grad, atol=1e-6)
+        reference = one_hot_smoothed_cross_entropy(variable, labels, 11)
+        lean, lean_grads = smoothed_cross_entropy(variable, tf.constant(labels), 0.1)
+        return lean, reference, lean_grads, tf.gradients(tf.reduce_sum(reference), variable)[0]
+    lean, reference, lean_grads, reference_grads = run(build)
+    np.testing.assert_allclose(lean, reference, atol=1e-5)
+    np.testing.assert_allclose(lean_grads, reference_grads, atol=1e-6)
 
 
-def test_lean_loss_on_bfloat16_logits_computes_in_float32():
-    logits, labels = random_logits(5, (2, 4, 7), 3)
+@pytest.mark.parametrize("rows,chunk_rows", [(13, 4), (12, 4), (3, 8), (0, 4)])
+def test_chunked_output_loss_and_gradients_equal_one_hot_reference(rows, chunk_rows):
+    rng = np.random.RandomState(rows)
+    hidden, embeddings = rng.randn(rows, 6).astype(np.float32), rng.randn(9, 6).astype(np.float32)
+    labels = rng.randint(0, 9, rows).astype(np.int32)
 
     def build():
-        bf16 = tf.cast(tf.constant(logits), tf.bfloat16)
-        loss = smoothed_cross_entropy(bf16, tf.constant(labels), 0.1)
-        reference = smoothed_cross_entropy(tf.cast(bf16, tf.float32), tf.constant(labels), 0.1)
-        grad = tf.gradients(tf.reduce_sum(loss), bf16)[0]
-        return loss, reference, grad, tf.cast(grad, tf.float32)
-    loss, reference, grad, grad32 = run(build)
-    assert loss.dtype == np.float32 and grad.dtype.name == "bfloat16"
-    np.testing.assert_allclose(loss, reference, atol=1e-6)
-    np.testing.assert_allclose(grad32.sum(axis=-1), 0, atol=1e-2)  # softmax - q sums to 0 over the vocabulary
+        h, e = tf.constant(hidden), tf.constant(embeddings)
+        lean = 3.0 * output_loss(h, e, tf.constant(labels), 0.1, chunk_rows=chunk_rows)  # upstream gradient 3
+        reference = 3.0 * tf.reduce_sum(
+            one_hot_smoothed_cross_entropy(tf.matmul(h, e, transpose_b=True), labels, 9))
+        return lean, reference, tf.gradients(lean, [h, e]), tf.gradients(reference, [h, e])
+    lean, reference, lean_grads, reference_grads = run(build)
+    np.testing.assert_allclose(lean, reference, rtol=1e-6, atol=1e-5)
+    for lean_grad, reference_grad in zip(lean_grads, reference_grads):
+        np.testing.assert_allclose(lean_grad, reference_grad, atol=1e-5)
+
+
+def test_chunked_output_loss_in_bfloat16_stays_close_to_float32():
+    rng = np.random.RandomState(5)
+    hidden, embeddings = rng.randn(10, 16).astype(np.float32), rng.randn(7, 16).astype(np.float32) * 0.25
+    labels = rng.randint(0, 7, 10).astype(np.int32)
+
+    def build():
+        h, e = tf.constant(hidden), tf.constant(embeddings)
+        losses = [output_loss(h, e, tf.constant(labels), 0.1, dtype, chunk_rows=4)
+                  for dtype in (tf.bfloat16, tf.float32)]
+        return losses, [tf.gradients(loss, h)[0] for loss in losses]
+    (bf16, fp32), (bf16_grad, fp32_grad) = run(build)
+    assert bf16.dtype == np.float32 and bf16_grad.dtype == np.float32
+    np.testing.assert_allclose(bf16, fp32, rtol=1e-2)
+    np.testing.assert_allclose(bf16_grad, fp32_grad, atol=2e-2 * np.abs(fp32_grad).max())
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (0, 1), (1, 0), (1, 1), (7, 4), (7, 5), (50, 14), (123, 31)])
