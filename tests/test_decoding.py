@@ -91,3 +91,19 @@ def test_larger_alpha_prefers_longer_translations(decoding):
     assert long_lengths.sum() >= short_lengths.sum(), (short_lengths, long_lengths)
     if weights == "trained":
         assert long_lengths.sum() > short_lengths.sum(), (short_lengths, long_lengths)
+
+
+def test_bfloat16_cached_greedy_equals_bfloat16_uncached_greedy():
+    """Under --precision bf16 the cache holds bf16 keys and values; decoding with it must match re-running the
+    decoder on the prefix."""
+    rng = np.random.RandomState(5)
+    hp = small_hp(num_blocks=2, precision="bf16")
+    with tf.Graph().as_default():
+        model, ph = build(hp)
+        cached, uncached = model.translate(ph.xs, 1, alpha=0.6), model.translate(ph.xs, 1, alpha=0.6, cached=False)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            x = random_ids(rng, [9, 2, 5, 7, 3, 8], hp.vocab_size, width=11)
+            (cached_ids, cached_scores), (uncached_ids, uncached_scores) = sess.run([cached, uncached], ph.feed(x))
+    np.testing.assert_array_equal(cached_ids, uncached_ids)
+    np.testing.assert_allclose(cached_scores, uncached_scores, atol=1e-2)
