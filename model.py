@@ -388,8 +388,9 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
     step_fn(tokens (N*K,), step, state) -> logits (N*K, V), new state; every state tensor is (N*K, ...).
     max_steps: (N,) int32. Each step extends the K live hypotheses of a sentence by every token and keeps the
     2K best extensions: those among the top K that end in </s> compete (score = log p / length_penalty) for the
-    K finished slots, the others that do not end in </s> for the K live slots (so K = 1 is greedy decoding). A sentence is done when its best finished score beats the best score any
-    live hypothesis could still reach, or at max_steps (where only </s> is allowed).
+    K finished slots, the others that do not end in </s> for the K live slots (so K = 1 is greedy decoding).
+    A sentence is done when its best finished score beats the best score any live hypothesis could still reach,
+    or at max_steps (where only </s> is allowed).
     Returns ids (N, K, T) and scores (N, K), best first.
     """
     n_batch, K = tf.shape(max_steps)[0], beam_size

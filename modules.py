@@ -231,7 +231,7 @@ def label_smoothing(inputs, epsilon=0.1):
 
 
 def smoothed_cross_entropy(logits, labels, epsilon=0.1):
-    """Cross entropy against q = label_smoothing(one_hot(labels)) and its gradient, without building any (M, V) targets.
+    """Cross entropy against q = label_smoothing(one_hot(labels)), and its gradient, building no (M, V) targets.
 
     With ce = -log p_label (TensorFlow's fused sparse softmax cross entropy, which also returns its gradient
     softmax(logits) - one_hot(labels)):
