@@ -71,8 +71,9 @@ class Hparams:
         group.add_argument("--keep_checkpoints", type=int, default=5, help="how many checkpoints to keep")
         group.add_argument("--eval_every", type=int, default=1,
                            help="translate the dev set and compute BLEU every this many epochs")
-        group.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                           help="bf16: matrix products in bfloat16 (fast on CPUs with AVX512-BF16 or AMX); "
+        group.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                           help="bf16: matrix products in bfloat16 (fast on CPUs with AVX512-BF16 or AMX); fp16: in "
+                                "float16 with dynamic loss scaling (for GPUs with tensor cores; slow on CPUs); "
                                 "variables, layer norm, softmax and loss stay fp32")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",
                            help="none: one device; mirrored: the devices of --devices in this process; multiworker: "

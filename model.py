@@ -23,6 +23,8 @@ from modules import (dense, dropout, ff, get_token_embeddings, ln, merge_heads, 
 tf1 = tf.compat.v1
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+#: dtype of the matrix products and of the activations between them, for each --precision.
+COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 #: Stands in for log(0) in decoding: finite, so sums and differences never turn into NaN.
 NEG_INF = -1e9
 
@@ -38,7 +40,7 @@ class Transformer:
     def __init__(self, hp):
         self.hp = hp
         #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
-        self.dtype = tf.bfloat16 if getattr(hp, "precision", "fp32") == "bf16" else tf.float32
+        self.dtype = COMPUTE_DTYPES[getattr(hp, "precision", "fp32")]
         self.embeddings = get_token_embeddings(hp.vocab_size, hp.d_model, zero_pad=True)  # (V, d_model)
 
     # ---------------------------------------------------------------- encoder and decoder stacks
@@ -303,9 +305,17 @@ class Transformer:
 
 
 def make_optimizer(hp, global_step):
-    """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the Noam schedule. Returns optimizer, lr."""
+    """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the Noam schedule. Returns optimizer, lr.
+
+    Under --precision fp16 it is wrapped in dynamic loss scaling (Micikevicius et al., 2018): the loss is multiplied
+    by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
+    by it, and a step with non-finite gradients is skipped and halves the scale (which doubles after 2,000 good steps).
+    """
     lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
-    return tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9), lr
+    optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
+    if getattr(hp, "precision", "fp32") == "fp16":
+        optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
+    return optimizer, lr
 
 
 def max_decoding_steps(x_seqlen, max_len_a, max_len_b):

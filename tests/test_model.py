@@ -90,16 +90,33 @@ def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss()
         np.testing.assert_allclose(gradient, reference, atol=1e-5)
 
 
-def test_bfloat16_training_loss_and_gradients_track_float32():
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
     rng = np.random.RandomState(4)
     x, y = random_ids(rng, [6, 5, 7, 4], 40), random_ids(rng, [5, 7, 6, 3], 40)
     fp32_sum, _, fp32_gradients = loss_and_gradients(small_hp(smoothing=0.1), x, y)
-    bf16_sum, _, bf16_gradients = loss_and_gradients(small_hp(smoothing=0.1, precision="bf16"), x, y)
-    np.testing.assert_allclose(bf16_sum, fp32_sum, rtol=1e-2)
-    flat = [np.concatenate([g.ravel() for g in gradients]) for gradients in (fp32_gradients, bf16_gradients)]
+    mixed_sum, _, mixed_gradients = loss_and_gradients(small_hp(smoothing=0.1, precision=precision), x, y)
+    np.testing.assert_allclose(mixed_sum, fp32_sum, rtol=1e-2)
+    flat = [np.concatenate([g.ravel() for g in gradients]) for gradients in (fp32_gradients, mixed_gradients)]
     cosine = flat[0] @ flat[1] / np.linalg.norm(flat[0]) / np.linalg.norm(flat[1])
     assert cosine > 0.99, cosine
-    assert all(g.dtype == np.float32 for g in bf16_gradients)
+    assert all(g.dtype == np.float32 for g in mixed_gradients)
+
+
+def test_float16_training_scales_the_loss_and_learns():
+    rng = np.random.RandomState(2)
+    hp = small_hp(precision="fp16")
+    x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size)
+    with tf.Graph().as_default():
+        model, ph = build(hp)
+        loss, train_op, _, _ = model.train(ph.xs, ph.ys)
+        loss_scale, = [v for v in tf1.global_variables() if v.name == "current_loss_scale:0"]
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(60)]
+            scale = sess.run(loss_scale)
+    assert scale >= 2 ** 10, scale  # dynamic loss scaling starts at 2^15 and halves only on overflow
+    assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
 
 
 def expected_variables(d_model=32, d_ff=64, vocab_size=40):
