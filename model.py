@@ -96,7 +96,7 @@ class Transformer:
             return self._final_ln(dec), attention
 
     def _logits(self, dec):
-        """dec: (N, T, d_model). Returns (N, T, V) in self.dtype (bfloat16 under bf16: the loss and the decoding
+        """dec: (N, T, d_model). Returns (N, T, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding
         log-probabilities cast to float32 themselves). The output projection is the transposed embedding matrix."""
         logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype),
                            tf.cast(self.embeddings, self.dtype), transpose_b=True)  # (N*T, V)

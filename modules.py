@@ -18,8 +18,8 @@ MASKED_LOGIT = -1e9
 def dense(inputs, units, use_bias=True, scope="dense", dtype=tf.float32):
     """Affine map of the last axis (Keras 3 removed tf.compat.v1.layers.dense; this replaces it).
 
-    inputs: (..., d_in), any float dtype. dtype: of the product and the outputs (tf.bfloat16 for mixed precision:
-    the variables stay float32 and are cast). Returns (..., units) in dtype.
+    inputs: (..., d_in), any float dtype. dtype: of the product and the outputs (bfloat16 or float16 for mixed
+    precision: the variables stay float32 and are cast). Returns (..., units) in dtype.
     Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
     """
     d_in = inputs.shape[-1]
@@ -100,8 +100,8 @@ def mask(inputs, key_masks=None, type=None):
 def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True):
     """softmax(Q K^T / sqrt(d_k)) V (Section 3.2.1).
 
-    Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 for mixed precision, in
-    which case the products run in bfloat16 and the scaling, masks and softmax in float32.
+    Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 / float16 for mixed precision,
+    in which case the products run in that dtype and the scaling, masks and softmax in float32.
     key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), or None.
     causality: if True, query t attends only to keys <= t.
     Returns outputs (N, T_q, d_v) in V's dtype and attention weights (N, T_q, T_k) float32.
@@ -134,7 +134,7 @@ def merge_heads(x, num_heads):
 def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True):
     """Attention of every head at once (Section 3.2.2), on projected queries, keys and values.
 
-    Q: (N, T_q, d_model). K, V: (N, T_k, d_model), float32 or bfloat16. key_masks: (N, T_k) bool or None.
+    Q: (N, T_q, d_model). K, V: (N, T_k, d_model), float32 or 16-bit. key_masks: (N, T_k) bool or None.
     Returns outputs (N, T_q, d_model) in V's dtype (heads concatenated, before the output projection)
     and attention weights (N, h, T_q, T_k) float32.
     """
@@ -157,7 +157,7 @@ def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
     """Residual connection around a sublayer: LN(x + dropout(f)) (post) or x + dropout(f) (pre) (Section 5.4).
 
     inputs: (N, T, d_model) float32, the sublayer's input x. outputs: (N, T, d_model), the sublayer's f, in float32
-    or bfloat16 (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
+    or a 16-bit float (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
     """
     residual = inputs + tf.cast(dropout(outputs, dropout_rate, training), inputs.dtype)
     return ln(residual) if norm_type == "post" else residual
@@ -171,8 +171,8 @@ def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_r
     keys, values: (N, T_k, d_model), or None for self-attention on the queries as the sublayer sees them
         (with norm_type "pre" that is LN(queries), so self-attention must pass None).
     key_masks: (N, T_k) bool, True at padding; None attends to every key.
-    dtype: of the projections and the attention products (tf.bfloat16 for mixed precision: Q, K, V and the heads'
-        outputs stay bfloat16 from one product to the next; softmax, residual and layer norm are float32).
+    dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision: Q, K, V and the
+        heads' outputs stay in it from one product to the next; softmax, residual and layer norm are float32).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
@@ -259,7 +259,7 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
     to a multiple of chunk_rows, so every chunk has one shape whatever M is (oneDNN builds kernels per shape); zero
     rows add nothing to the embeddings' gradient and their losses are left out of the sum.
     hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V, d_model) float32,
-    the output projection. labels: (M,) int32. dtype: of the matrix products (tf.bfloat16 for mixed precision).
+    the output projection. labels: (M,) int32. dtype: of the matrix products (bfloat16 or float16 for mixed precision).
     Returns the sum of the M losses, a float32 scalar.
     """
     d_model = hidden.shape[-1]
@@ -272,7 +272,7 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
     def loss_sum(hidden, embeddings):  # hidden: (M + padding, d_model)
         weights = tf.cast(embeddings, dtype)  # (V, d_model)
 
-        def body(start, total, hidden_grads, embedding_grads):
+        def body(start, total, hidden_grads, embedding_grads):  # hidden_grads: one (chunk_rows, d_model) per chunk
             chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
             logits = tf.cast(tf.matmul(chunk, weights, transpose_b=True), tf.float32)  # (chunk_rows, V)
             losses, logit_grads = smoothed_cross_entropy(logits, labels[start:start + chunk_rows], epsilon)
@@ -280,14 +280,15 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
             chunk_grads = tf.cast(tf.matmul(logit_grads, weights), tf.float32)  # (chunk_rows, d_model)
             embedding_grads += tf.cast(tf.matmul(logit_grads, chunk, transpose_a=True), tf.float32)  # (V, d_model)
             total += tf.reduce_sum(tf.where(real_rows[start:start + chunk_rows], losses, 0.0))
-            return start + chunk_rows, total, tf.concat([hidden_grads, chunk_grads], 0), embedding_grads
+            return start + chunk_rows, total, hidden_grads.write(start // chunk_rows, chunk_grads), embedding_grads
 
+        hidden_grads = tf.TensorArray(tf.float32, size=tf.shape(hidden)[0] // chunk_rows,
+                                      element_shape=[chunk_rows, d_model])
         _, total, hidden_grads, embedding_grads = tf.while_loop(
             lambda start, *_: start < rows, body,
-            [tf.constant(0), tf.constant(0.0), tf.zeros([0, d_model]), tf.zeros_like(embeddings)],
-            shape_invariants=[tf.TensorShape([]), tf.TensorShape([]), tf.TensorShape([None, d_model]),
-                              embeddings.shape],
+            [tf.constant(0), tf.constant(0.0), hidden_grads, tf.zeros_like(embeddings)],
             parallel_iterations=1)  # one chunk at a time
+        hidden_grads = hidden_grads.concat()  # (M + padding, d_model)
         return total, lambda upstream: (upstream * hidden_grads, upstream * embedding_grads)
     return loss_sum(tf.pad(hidden, [[0, padding], [0, 0]]), embeddings)
 

@@ -1,10 +1,11 @@
-"""Small models and random batches shared by the model and decoding tests."""
+"""Small models, random batches and the one-hot reference loss shared by the tests."""
 from types import SimpleNamespace
 
 import numpy as np
 import tensorflow as tf
 
 from model import BOS_ID, EOS_ID, Transformer
+from modules import label_smoothing
 
 tf1 = tf.compat.v1
 
@@ -53,3 +54,9 @@ def build(hp):
     """A model over placeholders in a new default graph (the caller enters graph.as_default())."""
     tf1.set_random_seed(0)
     return Transformer(hp), Placeholders()
+
+
+def one_hot_smoothed_cross_entropy(logits, labels, vocab_size, epsilon=0.1):
+    """The reference loss: softmax cross entropy against materialized (..., V) smoothed one-hot targets."""
+    return tf.nn.softmax_cross_entropy_with_logits(
+        labels=label_smoothing(tf.one_hot(labels, vocab_size), epsilon), logits=logits)

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model_fixtures import build, random_ids, small_hp
-from modules import label_smoothing
+from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp
 
 tf1 = tf.compat.v1
 
@@ -45,16 +44,23 @@ def test_appending_padding_leaves_real_positions_unchanged(training, norm_type):
     np.testing.assert_allclose(padded[:, :y.shape[1]][real], plain[real], atol=1e-5)
 
 
-def test_overfits_a_tiny_batch():
+def train_on_a_tiny_batch(hp, steps):
+    """Trains a fresh model `steps` times on one fixed batch of 4 pairs. Returns the losses and the final values of
+    the graph's variables by name."""
     rng = np.random.RandomState(2)
-    hp = small_hp()
     x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size)
     with tf.Graph().as_default():
         model, ph = build(hp)
         loss, train_op, _, _ = model.train(ph.xs, ph.ys)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
-            losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(300)]
+            losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(steps)]
+            return losses, {v.name: value for v, value in zip(tf1.global_variables(),
+                                                             sess.run(tf1.global_variables()))}
+
+
+def test_overfits_a_tiny_batch():
+    losses, _ = train_on_a_tiny_batch(small_hp(), 300)
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
 
 
@@ -67,8 +73,8 @@ def loss_and_gradients(hp, x, y, reference=False):
             memory, src_masks = model.encode(ph.xs)
             logits, _, labels, _, _ = model.decode(ph.ys, memory, src_masks)
             nonpadding = tf.cast(tf.not_equal(labels, 0), tf.float32)
-            targets = label_smoothing(tf.one_hot(labels, hp.vocab_size), hp.smoothing)
-            loss_sum = tf.reduce_sum(nonpadding * tf.nn.softmax_cross_entropy_with_logits(targets, logits))
+            loss_sum = tf.reduce_sum(
+                nonpadding * one_hot_smoothed_cross_entropy(logits, labels, hp.vocab_size, hp.smoothing))
             token_count = tf.reduce_sum(nonpadding)
         else:
             loss_sum, token_count, _ = model.loss(ph.xs, ph.ys)
@@ -104,17 +110,8 @@ def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
 
 
 def test_float16_training_scales_the_loss_and_learns():
-    rng = np.random.RandomState(2)
-    hp = small_hp(precision="fp16")
-    x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size)
-    with tf.Graph().as_default():
-        model, ph = build(hp)
-        loss, train_op, _, _ = model.train(ph.xs, ph.ys)
-        loss_scale, = [v for v in tf1.global_variables() if v.name == "current_loss_scale:0"]
-        with tf1.Session() as sess:
-            sess.run(tf1.global_variables_initializer())
-            losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(60)]
-            scale = sess.run(loss_scale)
+    losses, variables = train_on_a_tiny_batch(small_hp(precision="fp16"), 60)
+    scale = variables["current_loss_scale:0"]
     assert scale >= 2 ** 10, scale  # dynamic loss scaling starts at 2^15 and halves only on overflow
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from model_fixtures import one_hot_smoothed_cross_entropy
 from modules import (dropout, get_token_embeddings, label_smoothing, ln, noam_scheme, output_loss, positional_encoding,
                      scaled_dot_product_attention, smoothed_cross_entropy)
 
@@ -71,12 +72,6 @@ def test_label_smoothing_three_classes():
     smoothed = run(lambda: label_smoothing(tf.constant([[0., 0., 1.], [0., 1., 0.]]), epsilon=0.1))
     np.testing.assert_allclose(smoothed, [[0.03333334, 0.03333334, 0.93333334],
                                           [0.03333334, 0.93333334, 0.03333334]], rtol=1e-6)
-
-
-def one_hot_smoothed_cross_entropy(logits, labels, vocab_size, epsilon=0.1):
-    """The reference: softmax cross entropy against the materialized (M, V) smoothed one-hot targets."""
-    return tf.nn.softmax_cross_entropy_with_logits(
-        labels=label_smoothing(tf.one_hot(labels, vocab_size), epsilon), logits=logits)
 
 
 def test_lean_loss_and_its_gradient_equal_one_hot_label_smoothed_cross_entropy():
