@@ -18,7 +18,7 @@ never averaged again. They are for testing and translating, not for resuming tra
 """
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
 import argparse
 

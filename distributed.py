@@ -175,7 +175,7 @@ def build_train(cluster, hp, xs, ys):
     """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
 
     Returns a dict: loss (the per-token loss of the global batch), train_op, global_step, train_summaries, and the
-    ops that agree_to_stop and agree_on_checkpoint run. Build it before any other part of the model (an evaluation
+    ops that agree_to_stop, agree_on_checkpoint and agree_on_total run. Build it before any other part of the model (an evaluation
     Transformer(hp) built afterwards reuses its variables). With --distribute none the graph's variables and their
     initial values are those of model.Transformer.train alone.
     """
@@ -183,10 +183,9 @@ def build_train(cluster, hp, xs, ys):
         loss, train_op, global_step, summaries = Transformer(hp).train(xs, ys)
     else:
         loss, train_op, global_step, summaries = replicated_train(cluster.strategy, hp, xs, ys)
-    stop_vote, checkpoint_vote = tf1.placeholder(tf.float64, [2]), tf1.placeholder(tf.float64, [2])
+    votes = {name: tf1.placeholder(tf.float64, [2]) for name in ("stop_vote", "checkpoint_vote", "total_vote")}
     return dict(loss=loss, train_op=train_op, global_step=global_step, train_summaries=summaries,
-                stop_vote=stop_vote, stop_votes=cluster_mean(cluster, stop_vote),
-                checkpoint_vote=checkpoint_vote, checkpoint_votes=cluster_mean(cluster, checkpoint_vote))
+                **votes, **{name + "s": cluster_mean(cluster, vote) for name, vote in votes.items()})
 
 
 def replicated_train(strategy, hp, xs, ys):
@@ -216,6 +215,15 @@ def agree_to_stop(sess, g, signal, out_of_time):
         return bool(signal), bool(out_of_time)
     votes = sess.run(g["stop_votes"], {g["stop_vote"]: [float(bool(signal)), float(bool(out_of_time))]})
     return bool(votes[0] > 0), bool(votes[1] > 0)
+
+
+def agree_on_total(sess, g, total, is_chief):
+    """Every process calls this at the same step with its own estimate of the learning-rate schedule's end step;
+    all of them return the chief's (the one process that times the dev evaluations)."""
+    if g["total_votes"] is g["total_vote"]:
+        return int(total)
+    chief_total, chiefs = sess.run(g["total_votes"], {g["total_vote"]: [total * is_chief, float(is_chief)]})
+    return int(round(chief_total / chiefs))
 
 
 def checkpoint_fingerprint(ckpt):

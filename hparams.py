@@ -63,18 +63,24 @@ class Hparams:
                            help="stop (with dev BLEU and a checkpoint) after this many minutes of training in this "
                                 "run; 0 means no limit")
         group.add_argument("--lr", type=float, default=1e-3,
-                           help="peak learning rate of the Noam schedule, reached at warmup_steps: "
-                                "lr * warmup^0.5 * min(step * warmup^-1.5, step^-0.5)")
-        group.add_argument("--warmup_steps", type=int, default=1000, help="Noam warm-up steps")
+                           help="peak learning rate, reached at the end of warm-up (every schedule)")
+        group.add_argument("--lr_schedule", choices=["linear", "cosine", "noam"], default="linear",
+                           help="linear / cosine: linear warm-up, then decay to 0 at the end of the training budget "
+                                "(--max_steps, --num_epochs, or the steps that --max_minutes allows, fixed from "
+                                "the step rate measured during warm-up and saved in the checkpoint); noam "
+                                "(Section 5.3): lr * warmup^0.5 * min(step * warmup^-1.5, step^-0.5), no end")
+        group.add_argument("--warmup_steps", type=int, default=1000, help="learning-rate warm-up steps")
         group.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
         group.add_argument("--seed", type=int, default=1234, help="graph-level random seed and shuffling seed")
         group.add_argument("--keep_checkpoints", type=int, default=5, help="how many checkpoints to keep")
         group.add_argument("--eval_every", type=int, default=1,
-                           help="translate the dev set and compute BLEU every this many epochs")
-        group.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                           help="bf16: matrix products in bfloat16 (fast on CPUs with AVX512-BF16 or AMX); fp16: in "
-                                "float16 with dynamic loss scaling (for GPUs with tensor cores; slow on CPUs); "
-                                "variables, layer norm, softmax and loss stay fp32")
+                           help="translate the dev set and compute BLEU every this many epochs, and at the end; "
+                                "0: at the end only (what a time budget wants: each dev decode costs training time)")
+        group.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                           help="auto: fp16 with a GPU, bf16 on a CPU with avx512_bf16 or amx_bf16 (unless "
+                                "ONEDNN_MAX_CPU_ISA caps it), else fp32; bf16: matrix products in bfloat16 (slower "
+                                "than fp32 on CPUs without those flags); fp16: in float16 with dynamic loss scaling "
+                                "(GPUs with tensor cores); variables, layer norm, softmax and loss stay fp32")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",
                            help="none: one device; mirrored: the devices of --devices in this process; multiworker: "
                                 "one process per worker, cluster and task from TF_CONFIG (see README). --batch_size "
@@ -109,6 +115,10 @@ def explicit_flags(argv):
         action.default = argparse.SUPPRESS
     return vars(parser.parse_args(argv))
 
+
+#: What flags added after the first release meant before they existed: a logdir whose hparams.json lacks one was
+#: trained with this value (not the flag's current default).
+LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32"}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from the command line.
 MODEL_FLAGS = ("d_model", "d_ff", "num_blocks", "num_heads", "norm_type", "vocab_size")

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from modules import (dense, dropout, ff, get_token_embeddings, ln, merge_heads, multihead_attention, noam_scheme,
                      output_loss, positional_encoding, scaled_dot_product_attention, split_heads, sublayer_input,
-                     sublayer_output)
+                     sublayer_output, warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
@@ -305,17 +305,34 @@ class Transformer:
 
 
 def make_optimizer(hp, global_step):
-    """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the Noam schedule. Returns optimizer, lr.
+    """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the learning-rate schedule of hp.lr_schedule.
+    Returns optimizer, lr.
 
     Under --precision fp16 it is wrapped in dynamic loss scaling (Micikevicius et al., 2018): the loss is multiplied
     by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
     by it, and a step with non-finite gradients is skipped and halves the scale (which doubles after 2,000 good steps).
     """
-    lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
+    schedule = getattr(hp, "lr_schedule", "noam")
+    if schedule == "noam":
+        lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
+    else:
+        lr = warmup_decay_scheme(hp.lr, global_step, hp.warmup_steps, schedule_total_steps(), decay=schedule)
     optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
     if getattr(hp, "precision", "fp32") == "fp16":
         optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
     return optimizer, lr
+
+
+#: Name of the variable that holds the step at which a decaying learning-rate schedule ends (0: not fixed yet).
+SCHEDULE_TOTAL_STEPS = "lr_schedule_total_steps"
+
+
+def schedule_total_steps():
+    """The int64 variable SCHEDULE_TOTAL_STEPS, saved with the checkpoints so that a resumed run continues the same
+    schedule; train.py assigns it once the training budget is known in steps. Checkpoints written before it existed
+    restore with it at 0 (utils.OPTIONAL_VARIABLES)."""
+    with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
+        return tf1.get_variable(SCHEDULE_TOTAL_STEPS, initializer=tf.constant(0, tf.int64), trainable=False)
 
 
 def max_decoding_steps(x_seqlen, max_len_a, max_len_b):

@@ -302,3 +302,23 @@ def noam_scheme(init_lr, global_step, warmup_steps=4000.):
     step = tf.maximum(tf.cast(global_step, tf.float32), 1.0)
     warmup_steps = float(warmup_steps)
     return init_lr * warmup_steps ** 0.5 * tf.minimum(step * warmup_steps ** -1.5, step ** -0.5)
+
+
+def warmup_decay_scheme(peak_lr, global_step, warmup_steps, total_steps, decay="linear"):
+    """Learning rate for a known training budget: linear warm-up to peak_lr at warmup_steps, then decay to 0 at
+    total_steps, linearly or along a half cosine (Loshchilov and Hutter, 2017).
+
+    lr(step) = peak_lr * step / warmup                               for step < warmup
+               peak_lr * f((step - warmup) / (total - warmup))      after, with f(p) = 1 - p (linear) or
+                                                                     (1 + cos(pi p)) / 2 (cosine), p clipped to [0, 1]
+    global_step: scalar tensor; step 0 is treated as step 1. total_steps: scalar tensor (int or float), the step at
+    which the rate reaches 0; 0 means not known yet (a time budget before its step rate is measured), and the rate
+    holds at peak_lr after warm-up. Returns a scalar float32 tensor.
+    """
+    step = tf.maximum(tf.cast(global_step, tf.float32), 1.0)
+    total = tf.cast(total_steps, tf.float32)
+    warmup_steps = float(max(warmup_steps, 1))
+    progress = tf.clip_by_value((step - warmup_steps) / tf.maximum(total - warmup_steps, 1.0), 0.0, 1.0)
+    factor = 1.0 - progress if decay == "linear" else 0.5 * (1.0 + tf.cos(np.pi * progress))
+    factor = tf.where(total > 0, factor, 1.0)
+    return peak_lr * tf.minimum(step / warmup_steps, 1.0) * factor

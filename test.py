@@ -7,7 +7,7 @@ line, in order; an empty source line gets an empty hypothesis) and TESTDIR/resul
 """
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
 import json
 import time

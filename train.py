@@ -9,7 +9,7 @@ without saving over the last good checkpoint.
 """
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
 import math
 import signal
@@ -23,10 +23,10 @@ from tqdm import tqdm
 import distributed
 from data_load import get_batch
 from hparams import Hparams, explicit_flags
-from model import Transformer
+from model import SCHEDULE_TOTAL_STEPS, Transformer
 from utils import (UserError, atomic_write, calc_bleu, check_vocab, find_checkpoint, get_hypotheses, is_averaged,
-                   load_manifest, merge_hparams, read_lines, restore, run_cli, save_hparams, save_variable_specs,
-                   session_config, split_paths, vocab_sha256)
+                   load_manifest, merge_hparams, read_lines, resolve_precision, restore, run_cli, save_hparams,
+                   save_variable_specs, session_config, split_paths, vocab_sha256)
 
 tf1 = tf.compat.v1
 
@@ -51,7 +51,71 @@ def resolve_hparams(argv):
     hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(hp.data_dir, manifest)
     if hp.d_model % hp.num_heads:
         raise UserError("--num_heads %d must divide --d_model %d" % (hp.num_heads, hp.d_model))
+    resolve_precision(hp)
     return hp, manifest
+
+
+class Budget:
+    """Where training ends, in global steps, and the end step of a decaying learning-rate schedule
+    (SCHEDULE_TOTAL_STEPS, saved with the checkpoints, so a resumed run continues the same schedule).
+
+    --max_steps and --num_epochs are steps from the start. --max_minutes becomes steps once warm-up has ended (and
+    at least MEASURED_STEPS steps of this run were timed): the step rate measured in this run times the time left,
+    less the time of the dev evaluations planned before the deadline (each as long as those measured so far in this
+    run). From then on the schedule is fixed; training still stops at the deadline if it comes first.
+    """
+
+    #: Steps of a run that are timed before a time budget is turned into steps; the first SKIPPED_STEPS are not
+    #: timed (they build oneDNN kernels).
+    MEASURED_STEPS, SKIPPED_STEPS = 30, 5
+
+    def __init__(self, sess, g, hp, deadline, is_chief=True):
+        self.sess, self.g, self.hp, self.deadline, self.is_chief = sess, g, hp, deadline, is_chief
+        self.total = int(sess.run(g["schedule_total"]))
+        self.decaying = hp.lr_schedule != "noam"
+        self.run_steps, self.timer_start, self.timed_from, self.eval_seconds = 0, None, None, []
+        if self.decaying and not self.total and not hp.max_minutes:
+            self.fix(self.step_budget())
+
+    def step_budget(self):
+        """The global step at which --max_steps or --num_epochs ends training."""
+        epochs = self.hp.num_epochs * self.g["train_num_batches"](0)
+        return min(self.hp.max_steps, epochs) if self.hp.max_steps else epochs
+
+    def fix(self, total):
+        """Sets the schedule's end step (once; agreed on by every worker) and tells the user."""
+        self.total = distributed.agree_on_total(self.sess, self.g, total, self.is_chief)
+        self.sess.run(self.g["set_schedule_total"], {self.g["new_schedule_total"]: self.total})
+        print("learning rate: %s decay to 0 at step %d" % (self.hp.lr_schedule, self.total), flush=True)
+
+    def last_step(self):
+        """Training stops before the step with this number (float("inf") when only time or signals stop it)."""
+        ends = [self.hp.max_steps or float("inf")]
+        if self.decaying and self.total:
+            ends.append(self.total)
+        return min(ends)
+
+    def record_eval(self, seconds):
+        """A dev evaluation of this run took seconds (left out of the step rate, and reserved for later ones)."""
+        self.eval_seconds.append(seconds)
+
+    def after_step(self, step):
+        """Called after every training step with the new global step; fixes a time budget once it can."""
+        self.run_steps += 1
+        if self.run_steps == self.SKIPPED_STEPS:
+            self.timer_start, self.timed_from, self.eval_seconds = time.time(), step, []
+        if (not self.decaying or self.total or not self.hp.max_minutes or step < self.hp.warmup_steps
+                or self.run_steps < self.SKIPPED_STEPS + self.MEASURED_STEPS):
+            return
+        now = time.time()
+        rate = (step - self.timed_from) / (now - self.timer_start - sum(self.eval_seconds))  # steps per second
+        seconds_left = self.deadline - now
+        eval_s = float(np.mean(self.eval_seconds)) if self.eval_seconds else 0.0
+        if self.hp.eval_every and eval_s:
+            between_evals = self.hp.eval_every * self.g["train_num_batches"](0) / rate + eval_s
+            seconds_left -= math.floor(seconds_left / between_evals) * eval_s
+        total = step + int(max(seconds_left, 0) * rate)
+        self.fix(min(total, self.step_budget()))
 
 
 class StopRequest:
@@ -101,6 +165,8 @@ def build_graph(hp, manifest, cluster):
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])
+    schedule_total = next(v for v in tf1.global_variables() if v.op.name == SCHEDULE_TOTAL_STEPS)
+    new_schedule_total = tf1.placeholder(tf.int64, [])
     weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in tf1.global_variables()
                                     if v.dtype.base_dtype.is_floating])
     return dict(
@@ -110,6 +176,8 @@ def build_graph(hp, manifest, cluster):
         xs=xs, target_tokens=tf.reduce_sum(ys[2]), eval_ids=eval_ids, eval_summaries=eval_summaries,
         training_state=training_state, new_state=new_state,
         save_state=tf1.assign(training_state, new_state), weights_finite=weights_finite,
+        schedule_total=schedule_total, new_schedule_total=new_schedule_total,
+        set_schedule_total=schedule_total.assign(new_schedule_total),
         saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints, save_relative_paths=True),
         init=tf1.global_variables_initializer(), **train)
 
@@ -151,9 +219,9 @@ def save(sess, g, hp, epoch, epoch_step, name):
                            write_meta_graph=False)
 
 
-def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop, deadline):
-    """Runs the steps of one epoch from batch epoch_step on, until its end, max_steps, the deadline (a
-    time.time() value) or a stop request; with several workers, the deadline or a stop request of any of them.
+def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
+    """Runs the steps of one epoch from batch epoch_step on, until its end, the budget's last step or deadline (a
+    time.time() value), or a stop request; with several workers, the deadline or a stop request of any of them.
 
     Returns (batches done in this epoch, mean loss, target tokens/s, global step).
     Raises FloatingPointError on a non-finite loss, or when the weights or optimizer slots are not finite at the
@@ -164,8 +232,8 @@ def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop, deadline):
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g["global_step"])
     bar = tqdm(total=total, initial=epoch_step, desc="epoch %d" % (epoch + 1), disable=None, leave=False)
-    while not (hp.max_steps and step >= hp.max_steps):
-        any_signal, out_of_time = distributed.agree_to_stop(sess, g, stop.signal, time.time() >= deadline)
+    while step < budget.last_step():
+        any_signal, out_of_time = distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)
         if any_signal:
             stop.signal = stop.signal or "a stop request of another worker"
         if any_signal or out_of_time:
@@ -184,6 +252,7 @@ def train_epoch(sess, g, hp, epoch, epoch_step, writer, stop, deadline):
         if len(results) == 4:
             writer.add_summary(results[3], step)
         epoch_step += 1
+        budget.after_step(step)
         losses.append(loss)
         tokens += batch_tokens
         bar.update(1)
@@ -219,13 +288,13 @@ def main(argv=None):
             print("resumed from %s at step %d, epoch %d" % (last_ckpt, step, epoch + 1))
         writer = (tf1.summary.FileWriter(hp.logdir, None if last_ckpt else sess.graph) if cluster.is_chief
                   else distributed.NullWriter())
-        deadline = time.time() + hp.max_minutes * 60 if hp.max_minutes else float("inf")
-        while epoch < hp.num_epochs and not (hp.max_steps and step >= hp.max_steps) and not (
-                distributed.agree_to_stop(sess, g, stop.signal, time.time() >= deadline)[1]):
+        budget = Budget(sess, g, hp, time.time() + hp.max_minutes * 60 if hp.max_minutes else float("inf"),
+                        cluster.is_chief)
+        while epoch < hp.num_epochs and step < budget.last_step() and not (
+                distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)[1]):
             start = time.time()
             try:
-                epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, hp, epoch, epoch_step, writer, stop,
-                                                                   deadline)
+                epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step, writer, stop, budget)
             except FloatingPointError as error:
                 writer.close()
                 raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
@@ -245,8 +314,12 @@ def main(argv=None):
             if not cluster.is_chief:
                 print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task), flush=True)
                 continue
-            if epoch_step or epoch % hp.eval_every == 0 or epoch == hp.num_epochs:
+            ending = (epoch_step or epoch == hp.num_epochs or step >= budget.last_step()
+                      or time.time() >= budget.deadline)
+            if ending or (hp.eval_every and epoch % hp.eval_every == 0):
+                eval_start = time.time()
                 bleu = evaluate(sess, g, hp, sp, references, writer, step, epoch)
+                budget.record_eval(time.time() - eval_start)
                 name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
             last_ckpt = save(sess, g, hp, epoch, epoch_step, name)
             print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"

@@ -24,7 +24,7 @@ from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of th
 """
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no TensorFlow C++ INFO/WARNING lines on the console
+import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
 import argparse
 import sys

@@ -16,8 +16,10 @@ import sacrebleu
 import tensorflow as tf
 from tqdm import tqdm
 
+import runtime
 from data_load import EOS_ID, PAD_ID
-from hparams import MODEL_FLAGS, Hparams, explicit_flags
+from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, explicit_flags
+from model import SCHEDULE_TOTAL_STEPS
 
 tf1 = tf.compat.v1
 
@@ -79,9 +81,10 @@ def load_hparams(path):
 
 def merge_hparams(logdir, given):
     """LOGDIR/hparams.json with the flags in `given` (a dict of explicitly given flags) on top; flags added to
-    hparams.py since it was written get their defaults. trained_data_dir is the data_dir it was trained on.
+    hparams.py since it was written get the value they stood for then (LEGACY_VALUES) or their defaults.
+    trained_data_dir is the data_dir it was trained on.
     Returns the namespace and the model-shape flags given with another value, as (flag, saved, given) tuples."""
-    saved = vars(load_hparams(logdir))
+    saved = {**LEGACY_VALUES, **vars(load_hparams(logdir))}
     conflicts = [(flag, saved[flag], given[flag]) for flag in MODEL_FLAGS
                  if flag in given and given[flag] != saved.get(flag)]
     hp = Hparams().parser.parse_args([], namespace=Namespace(**{**saved, **given}))
@@ -98,7 +101,18 @@ def restore_hparams(argv):
     for flag, saved, asked in conflicts[:1]:
         raise UserError("the model in %s has --%s %s (from its hparams.json); drop --%s %s"
                         % (logdir, flag, saved, flag, asked))
+    resolve_precision(hp)
     return hp
+
+
+def resolve_precision(hp):
+    """Replaces hp.precision "auto" by what this machine runs fastest (runtime.choose_precision) and prints the
+    choice; prints a warning for an explicit bf16 that this CPU can only emulate."""
+    _, flags = runtime.cpu_info()
+    hp.precision, note = runtime.choose_precision(hp.precision, flags, os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                                                  bool(tf.config.list_physical_devices("GPU")))
+    if note:
+        print(note, file=sys.stderr)  # stderr: translate.py's stdout carries translations
 
 
 def trained_model_files(hp, ckpt=""):
@@ -155,6 +169,11 @@ def existing_checkpoints(logdir):
     return ", ".join(path for path in paths if tf1.train.checkpoint_exists(path))
 
 
+#: Variables added to the training graph after checkpoints were first written; a checkpoint without them restores
+#: with them at their initial value.
+OPTIONAL_VARIABLES = (SCHEDULE_TOTAL_STEPS,)
+
+
 def checkpoint_difference(ckpt):
     """How the variables of checkpoint ckpt differ from those of the default graph: a phrase, or None.
 
@@ -166,6 +185,8 @@ def checkpoint_difference(ckpt):
     for variable in tf1.global_variables():
         name, shape = variable.op.name, variable.shape.as_list()
         names.add(name)
+        if name not in saved and name in OPTIONAL_VARIABLES:
+            continue
         if name not in saved:
             return "the model has %s %s but the checkpoint does not" % (name, shape)
         if saved[name] != shape:
@@ -189,7 +210,8 @@ def unreadable_reason(ckpt):
 
 
 def restore(sess, ckpt, logdir, saver=None):
-    """Restores every variable of the graph (or those of saver) from ckpt.
+    """Restores every variable of the graph (or those of saver) from ckpt; OPTIONAL_VARIABLES that ckpt lacks are
+    initialized instead.
 
     A truncated or unreadable checkpoint, or one whose variables differ from the model built from hparams.json,
     is a UserError that says what is wrong and lists the checkpoints that exist.
@@ -200,6 +222,11 @@ def restore(sess, ckpt, logdir, saver=None):
         if difference:
             raise UserError("%s does not match the model that %s/hparams.json describes: %s; checkpoints in %s: %s"
                             % (ckpt, logdir, difference, logdir, existing))
+        saved = {name for name, _ in tf.train.list_variables(ckpt)}
+        missing = [v for v in tf1.global_variables() if v.op.name not in saved]
+        if missing:  # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at their initial value
+            sess.run(tf1.variables_initializer(missing))
+            saver = tf1.train.Saver([v for v in tf1.global_variables() if v not in missing])
         (saver or tf1.train.Saver()).restore(sess, ckpt)
     except (tf.errors.OpError, ValueError) as error:
         reason = unreadable_reason(ckpt) or str(error).strip().splitlines()[0][:200]

@@ -23,10 +23,12 @@ import resource
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
 from data_load import encode, load_data, load_vocab, pad  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
@@ -35,7 +37,7 @@ from utils import (check_vocab, find_checkpoint, load_manifest, restore, restore
 
 tf1 = tf.compat.v1
 
-#: The model size of the benchmark (issue 5), used without --logdir.
+#: The model size of the benchmark, used without --logdir.
 BENCH_MODEL = ["--d_model", "256", "--d_ff", "1024", "--num_blocks", "3", "--num_heads", "8", "--dropout_rate", "0"]
 
 

@@ -18,10 +18,12 @@ import resource
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
 from data_load import get_batch  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402

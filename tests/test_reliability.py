@@ -1,4 +1,4 @@
-"""Reliability (issue 7): interruptions and kills never lose work, a non-finite loss never overwrites good weights,
+"""Reliability: interruptions and kills never lose work, a non-finite loss never overwrites good weights,
 mismatched or damaged checkpoints and awkward inputs give one clear line or the right output, and training is
 deterministic for a seed.
 
