@@ -312,11 +312,11 @@ def make_optimizer(hp, global_step):
     by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
     by it, and a step with non-finite gradients is skipped and halves the scale (which doubles after 2,000 good steps).
     """
-    schedule = getattr(hp, "lr_schedule", "noam")
+    schedule, total_steps = getattr(hp, "lr_schedule", "noam"), schedule_total_steps()
     if schedule == "noam":
         lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
     else:
-        lr = warmup_decay_scheme(hp.lr, global_step, hp.warmup_steps, schedule_total_steps(), decay=schedule)
+        lr = warmup_decay_scheme(hp.lr, global_step, hp.warmup_steps, total_steps, decay=schedule)
     optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
     if getattr(hp, "precision", "fp32") == "fp16":
         optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
@@ -329,8 +329,8 @@ SCHEDULE_TOTAL_STEPS = "lr_schedule_total_steps"
 
 def schedule_total_steps():
     """The int64 variable SCHEDULE_TOTAL_STEPS, saved with the checkpoints so that a resumed run continues the same
-    schedule; train.py assigns it once the training budget is known in steps. Checkpoints written before it existed
-    restore with it at 0 (utils.OPTIONAL_VARIABLES)."""
+    schedule; train.py assigns it once the training budget is known in steps (it stays 0 under Noam, which has no
+    end). Checkpoints written before it existed restore with it at 0 (utils.OPTIONAL_VARIABLES)."""
     with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
         return tf1.get_variable(SCHEDULE_TOTAL_STEPS, initializer=tf.constant(0, tf.int64), trainable=False)
 

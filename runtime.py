@@ -14,6 +14,8 @@ A variable the user has set keeps its value:
 The functions below read the CPU's instruction-set flags for --precision auto.
 """
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -84,3 +86,16 @@ def machine_summary():
     return {"cpu": model, "isa_flags": [flag for flag in REPORTED_FLAGS if flag in flags],
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
+
+def onednn_isa():
+    """The instruction set oneDNN reports using for its kernels in this environment (e.g. "Intel AVX2"), read from
+    ONEDNN_VERBOSE output of a small matmul in a subprocess; None if it does not say."""
+    code = ("import runtime, tensorflow as tf; tf.compat.v1.disable_eager_execution(); x = tf.ones([64, 64]); "
+            "tf.compat.v1.Session().run(tf.matmul(x, x))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__)), env={**os.environ, "ONEDNN_VERBOSE": "1"})
+    for line in (result.stdout + result.stderr).splitlines():
+        if ",isa:" in line:
+            return line.split(",isa:", 1)[1].strip()
+    return None

@@ -67,7 +67,7 @@ class Budget:
 
     #: Steps of a run that are timed before a time budget is turned into steps; the first SKIPPED_STEPS are not
     #: timed (they build oneDNN kernels).
-    MEASURED_STEPS, SKIPPED_STEPS = 30, 5
+    MEASURED_STEPS, SKIPPED_STEPS = 100, 5
 
     def __init__(self, sess, g, hp, deadline, is_chief=True):
         self.sess, self.g, self.hp, self.deadline, self.is_chief = sess, g, hp, deadline, is_chief
@@ -109,13 +109,18 @@ class Budget:
             return
         now = time.time()
         rate = (step - self.timed_from) / (now - self.timer_start - sum(self.eval_seconds))  # steps per second
-        seconds_left = self.deadline - now
         eval_s = float(np.mean(self.eval_seconds)) if self.eval_seconds else 0.0
-        if self.hp.eval_every and eval_s:
-            between_evals = self.hp.eval_every * self.g["train_num_batches"](0) / rate + eval_s
-            seconds_left -= math.floor(seconds_left / between_evals) * eval_s
-        total = step + int(max(seconds_left, 0) * rate)
+        total = steps_in_time(step, rate, self.deadline - now, eval_s,
+                              self.hp.eval_every * self.g["train_num_batches"](0))
         self.fix(min(total, self.step_budget()))
+
+
+def steps_in_time(step, rate, seconds_left, eval_seconds, steps_between_evals):
+    """The global step that training at `rate` steps/s reaches in seconds_left from `step`, when a dev evaluation
+    of eval_seconds comes every steps_between_evals steps (0: none before the end)."""
+    if steps_between_evals and eval_seconds:
+        seconds_left -= math.floor(seconds_left / (steps_between_evals / rate + eval_seconds)) * eval_seconds
+    return step + int(max(seconds_left, 0) * rate)
 
 
 class StopRequest:

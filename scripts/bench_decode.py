@@ -32,8 +32,8 @@ import tensorflow as tf  # noqa: E402
 from data_load import encode, load_data, load_vocab, pad  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
-from utils import (check_vocab, find_checkpoint, load_manifest, restore, restore_hparams, run_cli,  # noqa: E402
-                   session_config, split_paths)
+from utils import (check_vocab, find_checkpoint, load_manifest, resolve_precision, restore,  # noqa: E402
+                   restore_hparams, run_cli, session_config, split_paths)
 
 tf1 = tf.compat.v1
 
@@ -63,6 +63,7 @@ def model_hparams(args):
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),
                                                     "--max_len_a", "0", "--max_len_b", str(args.max_steps)])
     hp.vocab_size = load_manifest(args.data_dir)["vocab_size"]
+    resolve_precision(hp)
     return hp
 
 

@@ -7,11 +7,16 @@ side also the mean, total tokens over total time), the padding fraction, step ti
 model FLOPs per step counted from the model's shapes, and their ratio to a 2048x2048 fp32 matmul's FLOP/s
 measured here (mfu). The last line is one JSON object.
 
+The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
+ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
+the time per op type (RunMetadata step stats), in ms per step, largest first: the profile of docs/performance.md.
+
 Timed steps are steady-state steps: the first step on each new batch shape builds oneDNN kernels for it (a
 one-time cost of the first epoch), so such steps are counted apart (new_shape_steps, new_shape_step_s) and
 the run goes on until --steps steps on shapes already seen are timed.
 """
 import argparse
+import collections
 import json
 import os
 import resource
@@ -19,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
+import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -27,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
-from utils import load_manifest, session_config, split_paths  # noqa: E402
+from utils import load_manifest, resolve_precision, session_config, split_paths  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -58,13 +63,34 @@ def forward_flops(hp, n, t1, t2, target_tokens):
     return hp.num_blocks * (encoder + decoder) + 2 * target_tokens * d * hp.vocab_size
 
 
+def op_type(node_stats):
+    """The op type of a traced node ("MatMul", "_MklLayerNorm", ...) from its timeline label "name = Type(...)"."""
+    label = node_stats.timeline_label
+    return label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else node_stats.node_name
+
+
+def profile_ops(sess, fetches, steps):
+    """Runs fetches steps times with full tracing. Returns {op type: ms per step}, largest first. Ops that run at
+    the same time on different threads both count, so the sum can exceed the step's wall time."""
+    totals = collections.Counter()
+    for _ in range(steps):
+        metadata = tf1.RunMetadata()
+        sess.run(fetches, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        for device in metadata.step_stats.dev_stats:
+            for node in device.node_stats:
+                totals[op_type(node)] += node.all_end_rel_micros / 1000 / steps
+    return {op: round(ms, 2) for op, ms in totals.most_common()}
+
+
 def main(argv=None):
     bench = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--steps", type=int, default=40, help="timed steps on batch shapes seen before")
     bench.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     bench.add_argument("--max_steps", type=int, default=400, help="stop after this many steps in all")
+    bench.add_argument("--profile", type=int, default=0, help="trace this many steps after the timed ones")
     args, rest = bench.parse_known_args(argv)
     hp = Hparams().parser.parse_args(rest)
+    resolve_precision(hp)
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     manifest = load_manifest(hp.data_dir)
@@ -98,6 +124,7 @@ def main(argv=None):
             else:
                 seen.add((n, t1, t2))
                 new_shape_seconds.append(seconds)
+        profile = profile_ops(sess, train_op, args.profile) if args.profile else None
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
     flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
     step_s = float(np.median(seconds))
@@ -120,7 +147,11 @@ def main(argv=None):
         "mfu": round(model_gflops / matmul, 3),
         "precision": hp.precision, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
+        **runtime.machine_summary(), "onednn_isa": runtime.onednn_isa(),
+        "allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
     }
+    if profile:
+        result["profile_ms_per_step"] = profile
     print(json.dumps(result))
 
 

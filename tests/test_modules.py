@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from model_fixtures import one_hot_smoothed_cross_entropy
 from modules import (dropout, get_token_embeddings, label_smoothing, ln, noam_scheme, output_loss, positional_encoding,
-                     scaled_dot_product_attention, smoothed_cross_entropy)
+                     scaled_dot_product_attention, smoothed_cross_entropy, warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
@@ -151,3 +151,21 @@ def test_noam_scheme_warms_up_linearly_peaks_then_decays_as_inverse_sqrt():
     assert lrs[2] == pytest.approx(1e-3, rel=1e-6)  # peak at warmup_steps
     assert max(lrs) == lrs[2]
     np.testing.assert_allclose([lrs[3] / lrs[2], lrs[4] / lrs[3]], [0.5, 0.5], rtol=1e-6)  # step^-0.5
+
+
+@pytest.mark.parametrize("decay, expected_after_warmup", [
+    # steps 600, 800, 1000 with warm-up 400 and total 1200: progress 1/4, 1/2, 3/4 of the decay
+    ("linear", [0.75, 0.5, 0.25]),
+    ("cosine", [0.5 * (1 + np.cos(np.pi / 4)), 0.5, 0.5 * (1 + np.cos(3 * np.pi / 4))]),
+])
+def test_warmup_decay_scheme_warms_up_then_reaches_zero_at_the_total(decay, expected_after_warmup):
+    steps = [0, 100, 400, 600, 800, 1000, 1200, 5000]
+    lrs = run(lambda: [warmup_decay_scheme(2e-3, s, 400, 1200, decay) for s in steps])
+    np.testing.assert_allclose(lrs[:3], [2e-3 / 400, 2e-3 / 4, 2e-3], rtol=1e-6)  # step 0 counts as step 1
+    np.testing.assert_allclose(lrs[3:6], 2e-3 * np.array(expected_after_warmup), rtol=1e-5)
+    assert lrs[6] == lrs[7] == 0.0
+
+
+def test_warmup_decay_scheme_holds_the_peak_while_the_total_is_unknown():
+    lrs = run(lambda: [warmup_decay_scheme(1e-3, s, 100, 0) for s in [50, 100, 10_000]])
+    np.testing.assert_allclose(lrs, [5e-4, 1e-3, 1e-3], rtol=1e-6)
