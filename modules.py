@@ -26,8 +26,9 @@ def dense(inputs, units, use_bias=True, scope="dense", dtype=tf.float32):
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         kernel = tf1.get_variable("kernel", [d_in, units], initializer=tf1.glorot_uniform_initializer())
         outputs = tf.matmul(tf.cast(tf.reshape(inputs, [-1, d_in]), dtype), tf.cast(kernel, dtype))  # (N*T, units)
-        if use_bias:
-            outputs += tf.cast(tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer()), dtype)
+        if use_bias:  # BiasAdd, not a broadcasting add: oneDNN fuses it into the matmul, and its gradient is one op
+            outputs = tf.nn.bias_add(outputs, tf.cast(tf1.get_variable("bias", [units],
+                                                                       initializer=tf1.zeros_initializer()), dtype))
     return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
 
 

@@ -30,7 +30,8 @@ def model():
 
 def save_known_checkpoints(logdir, model, seeds_and_steps):
     """Saves one checkpoint per (seed, step) in logdir as train.py does, every float variable filled with values
-    drawn from seed, global_step = step and training_state = [step, step + 1]. Returns the {name: value} of each."""
+    drawn from seed, global_step = step, training_state = [step, step + 1] and lr_schedule_total_steps = 100 * step.
+    Returns the {name: value} of each."""
     graph, variables, _ = model
     saved = []
     with graph.as_default(), tf1.Session() as sess:
@@ -42,7 +43,8 @@ def save_known_checkpoints(logdir, model, seeds_and_steps):
             rng = np.random.RandomState(seed)
             values = {name: rng.uniform(-1, 1, v.shape.as_list()).astype(np.float32)
                       for name, v in variables.items() if v.dtype.base_dtype == tf.float32}
-            values.update(global_step=np.int64(step), training_state=np.array([step, step + 1], np.int64))
+            values.update(global_step=np.int64(step), training_state=np.array([step, step + 1], np.int64),
+                          lr_schedule_total_steps=np.int64(100 * step))
             for name, value in values.items():
                 variables[name].load(value, sess)
             saver.save(sess, os.path.join(logdir, "E%02d" % step), global_step=step, write_meta_graph=False)

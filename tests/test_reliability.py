@@ -373,7 +373,7 @@ def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
         sess.run(tf1.assign(weight, tf.fill(tf.shape(weight), np.nan)))
         already_stopped = SimpleNamespace(signal="SIGINT")
         with pytest.raises(FloatingPointError, match="weights are not finite after step 0"):
-            train.train_epoch(sess, g, hp, 0, 0, None, already_stopped, float("inf"))
+            train.train_epoch(sess, g, 0, 0, None, already_stopped, train.Budget(sess, g, hp, float("inf")))
 
 
 # ------------------------------------------------------------------------------------------------
