@@ -79,7 +79,7 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     lengths1, lengths2: (n,) sequence lengths of x and y. rng: a numpy RandomState to shuffle with (training),
     or None to keep the order (evaluation). growth: see bucket_widths (tokens mode).
     In tokens mode every batch but the last holds exactly batch_size // W pairs padded to width W, so a whole
-    epoch comes in about one shape per bucket (each new shape costs oneDNN kernel memory, see the README).
+    epoch comes in about one shape per bucket (each new shape costs oneDNN kernel memory, docs/performance.md).
     Returns a list of (index array, padded width): the width is None in sentences mode.
     """
     n = len(lengths1)

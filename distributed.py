@@ -175,9 +175,9 @@ def build_train(cluster, hp, xs, ys):
     """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
 
     Returns a dict: loss (the per-token loss of the global batch), train_op, global_step, train_summaries, and the
-    ops that agree_to_stop, agree_on_checkpoint and agree_on_total run. Build it before any other part of the model (an evaluation
-    Transformer(hp) built afterwards reuses its variables). With --distribute none the graph's variables and their
-    initial values are those of model.Transformer.train alone.
+    ops that agree_to_stop, agree_on_checkpoint and agree_on_total run. Build it before any other part of the model
+    (an evaluation Transformer(hp) built afterwards reuses its variables). With --distribute none the graph's
+    variables and their initial values are those of model.Transformer.train alone.
     """
     if cluster.strategy is None:
         loss, train_op, global_step, summaries = Transformer(hp).train(xs, ys)

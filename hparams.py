@@ -83,8 +83,8 @@ class Hparams:
                                 "(GPUs with tensor cores); variables, layer norm, softmax and loss stay fp32")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",
                            help="none: one device; mirrored: the devices of --devices in this process; multiworker: "
-                                "one process per worker, cluster and task from TF_CONFIG (see README). --batch_size "
-                                "is the global batch, split over all replicas")
+                                "one process per worker, cluster and task from TF_CONFIG (see docs/distributed.md). "
+                                "--batch_size is the global batch, split over all replicas")
         group.add_argument("--devices", default="",
                            help="with --distribute mirrored: comma-separated devices, e.g. /gpu:0,/gpu:1 (default "
                                 "every GPU) or /cpu:0,/cpu:1 to try it on a CPU")

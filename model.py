@@ -7,7 +7,7 @@
 xs = (x, x_seqlen, sent1): x (N, T1) int32 source ids ending in </s>, padded with 0.
 ys = (decoder_input, y, y_seqlen, sent2): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
 
-Variable names (stable across versions, so checkpoints restore; see README):
+Variable names (stable across versions, so checkpoints restore; see docs/checkpoint-format.md):
   shared_weight_matrix/weight_mat                                  (V, d_model) embeddings = output projection
   encoder/num_blocks_{i}/multihead_attention/{q,k,v,o}/{kernel,bias}, .../ln/{gamma,beta}
   encoder/num_blocks_{i}/positionwise_feedforward/{inner,outer}/{kernel,bias}, .../ln/{gamma,beta}

@@ -117,7 +117,8 @@ def test_float16_training_scales_the_loss_and_learns():
 
 
 def expected_variables(d_model=32, d_ff=64, vocab_size=40):
-    """name -> shape of every trainable variable of a 1-block model: the checkpoint format the README documents."""
+    """name -> shape of every trainable variable of a 1-block model: the checkpoint format of
+    docs/checkpoint-format.md."""
     ln = {"ln/gamma": [d_model], "ln/beta": [d_model]}
     attention = {**ln, **{"%s/%s" % (p, v): ([d_model, d_model] if v == "kernel" else [d_model])
                           for p in "qkvo" for v in ("kernel", "bias")}}
@@ -134,7 +135,8 @@ def expected_variables(d_model=32, d_ff=64, vocab_size=40):
 
 
 def test_variable_names_are_stable():
-    """Checkpoints restore across versions only if these names and shapes never change (README lists them)."""
+    """Checkpoints restore across versions only if these names and shapes never change (docs/checkpoint-format.md
+    lists them)."""
     with tf.Graph().as_default():
         model, ph = build(small_hp(num_blocks=1))
         model.train(ph.xs, ph.ys)
