@@ -96,7 +96,7 @@ def main(argv=None):
     manifest, ckpt = trained_model_files(hp, args.ckpt)
     with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
-        restore(sess, ckpt, hp.logdir)
+        ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
         save_model(sess, args.export_dir, inputs, outputs, os.path.join(hp.data_dir, manifest["bpe_model"]))
     print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, args.export_dir))

@@ -41,7 +41,7 @@ def main(argv=None):
     ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
     with tf1.Session(config=session_config(hp)) as sess:
-        restore(sess, ckpt, hp.logdir)
+        ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()
         try:
             hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[2], num_batches(), sp, "test", scores)

@@ -13,12 +13,10 @@ import os
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
 import contextlib
-import fcntl
 import glob
 import math
 import signal
 import shutil
-import socket
 import struct
 import time
 
@@ -31,7 +29,7 @@ from data_load import get_batch
 from hparams import Hparams, explicit_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
 from utils import (DiskFull, Progress, UserError, atomic_write, calc_bleu, check_ranges, check_vocab,
-                   checkpoint_state, find_checkpoint, get_hypotheses, is_averaged, is_disk_full, load_manifest,
+                   checkpoint_state, find_checkpoint, get_hypotheses, is_averaged, is_disk_full, load_manifest, logdir_lock,
                    merge_hparams, read_lines, remove_stale_pins, resolve_precision, restore, run_cli, save_hparams,
                    save_variable_specs, session_config, split_paths, vocab_sha256)
 
@@ -144,38 +142,6 @@ class StopRequest:
 
     def _handle(self, signum, frame):
         self.signal = signal.Signals(signum).name
-
-
-#: The lock file of a logdir, held by the train.py that trains it; it names that process.
-LOCK_NAME = "train.lock"
-
-
-@contextlib.contextmanager
-def logdir_lock(logdir):
-    """Holds an exclusive lock (fcntl.flock) on LOGDIR/train.lock while training, so that two train.py never write
-    one logdir: a second one is refused with a UserError naming the process that holds the lock. The kernel
-    releases the lock when the process ends however it ends (SIGKILL too), so a lock file left behind never blocks
-    a later run. Readers (test.py, translate.py, export.py) take no lock."""
-    path = os.path.join(logdir, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
-            raise UserError("%s is being trained by %s: wait for it to end, stop it, or use another --logdir"
-                            % (logdir, holder)) from None
-        holder = "train.py process %d on %s since %s" % (os.getpid(), socket.gethostname(),
-                                                         time.strftime("%Y-%m-%d %H:%M:%S"))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
-        yield
-    except OSError as error:
-        if is_disk_full(error):
-            raise DiskFull(path, path) from None
-        raise
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def remove_partial_checkpoints(logdir, prefix=None):
@@ -399,10 +365,16 @@ def main(argv=None):
     tf1.disable_eager_execution()
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
-    hp, manifest = resolve_hparams(argv)
-    os.makedirs(hp.logdir, exist_ok=True)
-    cluster = distributed.make_cluster(hp, session_config(hp))
-    with logdir_lock(hp.logdir) if cluster.is_chief else contextlib.nullcontext():
+    logdir, chief = Hparams(prog="train.py").parser.parse_args(argv).logdir, distributed.is_chief_task()
+    with contextlib.ExitStack() as lock:
+        if chief and os.path.isdir(logdir):  # first: its hparams.json may be another run's, being written
+            lock.enter_context(logdir_lock(logdir))
+        hp, manifest = resolve_hparams(argv)
+        if chief and not os.path.isdir(logdir):  # a new logdir: created once the flags are known to be valid
+            os.makedirs(logdir, exist_ok=True)
+            lock.enter_context(logdir_lock(logdir))
+        os.makedirs(hp.logdir, exist_ok=True)
+        cluster = distributed.make_cluster(hp, session_config(hp))
         return train(hp, manifest, cluster)
 
 

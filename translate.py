@@ -196,7 +196,7 @@ class Translator:
             self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
         self.sess = tf1.Session(config=session_config(hp))
-        restore(self.sess, ckpt, hp.logdir)
+        restore(self.sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
 
     def run(self, sources):
         """sources: list of N id lists, each ending in </s>.

@@ -5,6 +5,7 @@ BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers
 """
 import contextlib
 import errno
+import fcntl
 import glob
 import hashlib
 import json
@@ -12,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -64,12 +66,19 @@ def free_space(path):
 
 
 def run_cli(main):
-    """Runs main() and exits with its code; a UserError becomes one line on stderr and exit code 2, a Ctrl-C that
-    main() does not handle itself one line and exit code 130."""
+    """Runs main() and exits with its code; a UserError or a full disk becomes one line on stderr and exit code 2,
+    a Ctrl-C that main() does not handle itself one line and exit code 130."""
     try:
         sys.exit(main())
     except UserError as error:
         print("error: %s" % error, file=sys.stderr)
+        sys.exit(2)
+    except OSError as error:  # a full disk where no caller names what was written (e.g. translate.py --output)
+        if not is_disk_full(error):
+            raise
+        print("error: no space left on the device%s (%s free)" % (
+            " while writing %s" % error.filename if error.filename else "", free_space(error.filename or ".")),
+            file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -96,6 +105,39 @@ def atomic_write(path, text):
         if is_disk_full(error):
             raise DiskFull(path, path) from None
         raise
+
+
+#: The lock file of a logdir, held by the train.py that trains it (or avg_checkpoints.py while it writes the
+#: checkpoint index); it names that process.
+LOCK_NAME = "train.lock"
+
+
+@contextlib.contextmanager
+def logdir_lock(logdir, tool="train.py"):
+    """Holds an exclusive lock (fcntl.flock) on LOGDIR/train.lock while `tool` writes the logdir, so that two
+    processes never write one logdir: a second one is refused with a UserError naming the process that holds the
+    lock. The kernel releases the lock when the process ends however it ends (SIGKILL too), so a lock file left
+    behind never blocks a later run. Readers (test.py, translate.py, export.py) take no lock."""
+    path = os.path.join(logdir, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
+            raise UserError("%s is being written by %s: wait for it to end, stop it, or use another --logdir"
+                            % (logdir, holder)) from None
+        holder = "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(),
+                                                         time.strftime("%Y-%m-%d %H:%M:%S"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+        yield
+    except OSError as error:
+        if is_disk_full(error):
+            raise DiskFull(path, path) from None
+        raise
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def read_json(fpath, remedy):
@@ -288,13 +330,39 @@ def unreadable_reason(ckpt):
     return None
 
 
-def restore(sess, ckpt, logdir, saver=None):
+def restore(sess, ckpt, logdir, saver=None, follow_latest=False):
     """Restores every variable of the graph (or those of saver) from ckpt; OPTIONAL_VARIABLES that ckpt lacks are
-    initialized instead.
+    initialized instead. Returns the checkpoint restored: with follow_latest (ckpt was the latest, not one the user
+    named), the newest one when training deleted ckpt before it could be opened.
 
     A truncated or unreadable checkpoint, or one whose variables differ from the model built from hparams.json,
     is a UserError that says what is wrong and lists the checkpoints that exist.
     """
+    for _ in range(PIN_ATTEMPTS):
+        try:
+            restore_pinned(sess, ckpt, logdir, saver)
+            return ckpt
+        except CheckpointGone:
+            if not follow_latest:
+                raise
+            ckpt = find_checkpoint(logdir)
+    raise CheckpointGone(ckpt)
+
+
+#: How many checkpoints restore(follow_latest=True) tries while training keeps deleting them before they open.
+PIN_ATTEMPTS = 5
+
+
+class CheckpointGone(UserError):
+    """The checkpoint was deleted (training rotated it away, see --keep_checkpoints) before it could be opened."""
+
+    def __init__(self, ckpt):
+        super().__init__("checkpoint %s was deleted while it was being opened (training rotated it away, see "
+                         "--keep_checkpoints): run again to read the newest one" % ckpt)
+
+
+def restore_pinned(sess, ckpt, logdir, saver):
+    """restore() of one checkpoint, read through pinned_checkpoint."""
     existing = existing_checkpoints(logdir) or "none"
     with pinned_checkpoint(ckpt) as path:
         try:
@@ -337,11 +405,15 @@ def pinned_checkpoint(ckpt):
             for path in files:
                 os.link(path, os.path.join(pin, os.path.basename(path)))
         except FileNotFoundError:
-            raise UserError("checkpoint %s was deleted while it was being opened (training rotated it away, see "
-                            "--keep_checkpoints): run again to read the newest one" % ckpt) from None
+            raise CheckpointGone(ckpt) from None
         except OSError:
             yield ckpt
             return
+        if not os.path.exists(os.path.join(pin, name + ".index")):
+            if os.path.exists(ckpt + ".index") or os.path.exists(ckpt):  # not a V2 checkpoint: read in place
+                yield ckpt
+                return
+            raise CheckpointGone(ckpt)
         yield os.path.join(pin, name)
     finally:
         shutil.rmtree(pin, ignore_errors=True)

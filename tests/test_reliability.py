@@ -522,7 +522,7 @@ def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, 
         first.wait_for_stdout(r"^epoch \d+ \| step")
         before = {path.name: path.stat().st_mtime for path in logdir.iterdir() if path.name == "hparams.json"}
         code, out, err = run("train.py", *args[:4], "--d_model", "64", "--max_steps", "3")
-        assert_one_error_line(code, err, "%s is being trained by train.py process %d" % (logdir, first.process.pid),
+        assert_one_error_line(code, err, "%s is being written by train.py process %d" % (logdir, first.process.pid),
                               "wait for it to end, stop it, or use another --logdir")
         assert {path.name: path.stat().st_mtime for path in logdir.iterdir() if path.name == "hparams.json"} == before
         code, out, err = run("test.py", "--logdir", logdir, "--testdir", tmp_path / "test")
@@ -535,6 +535,16 @@ def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, 
     assert code == 0, err
     assert "done: step %d" % (step + 2) in out
     assert not [name for name in os.listdir(logdir) if name.startswith(".reading-")]
+
+
+def test_the_logdir_lock_refuses_a_second_writer_and_is_released_after(trained, tmp_path):
+    import avg_checkpoints
+    logdir = copy_logdir(trained, tmp_path / "run")
+    with utils.logdir_lock(str(logdir)):
+        with pytest.raises(utils.UserError, match="%s is being written by train.py process %d on "
+                                                  % (re.escape(str(logdir)), os.getpid())):
+            avg_checkpoints.main(["--logdir", str(logdir), "--last", "1"])
+    assert avg_checkpoints.main(["--logdir", str(logdir), "--last", "1"]) == 0
 
 
 def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained, tmp_path, monkeypatch):
@@ -557,10 +567,17 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
         Transformer(hp).translate((tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]),
                                    tf1.placeholder(tf.string, [None])))
         with tf1.Session() as sess:
-            utils.restore(sess, ckpt, str(logdir))
+            assert utils.restore(sess, ckpt, str(logdir)) == ckpt
             weights = sess.run(next(v for v in tf1.global_variables() if v.op.name.startswith("shared_weight")))
-    np.testing.assert_array_equal(weights, expected)
-    assert not glob.glob(ckpt + ".*") and not glob.glob(str(logdir / ".reading-*"))
+            np.testing.assert_array_equal(weights, expected)
+            assert not glob.glob(ckpt + ".*") and not glob.glob(str(logdir / ".reading-*"))
+            # The latest checkpoint, gone before it could be opened: the newest one instead, unless it was named.
+            monkeypatch.setattr(tf1.train.Saver, "restore", real_restore)
+            newest = str(tmp_path / "trained" / Path(ckpt).name)
+            copy_logdir(trained, tmp_path / "trained")
+            assert utils.restore(sess, ckpt, str(tmp_path / "trained"), follow_latest=True) == newest
+            with pytest.raises(utils.CheckpointGone, match="was deleted while it was being opened"):
+                utils.restore(sess, ckpt, str(tmp_path / "trained"))
 
 
 # ------------------------------------------------------------------------------------------------
