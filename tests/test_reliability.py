@@ -719,6 +719,7 @@ def test_decoding_stops_at_its_length_limit_whatever_the_log_probabilities(beam_
         assert [list(row).index(3) + 1 for row in ids] == list(max_steps)
 
 
+@pytest.mark.slow
 def test_non_finite_dev_scores_with_finite_weights_stop_without_saving(trained, tmp_path, monkeypatch):
     """Weights near float32's limit are finite, but the logits overflow: the dev decode ends (bounded) and its
     scores are not finite, which train.py treats like non-finite weights."""
@@ -788,6 +789,7 @@ def assert_whole_events_files(logdir):
         list(tf1.train.summary_iterator(str(path)))  # reads to the end without a DataLossError
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_good_one(trained, tmp_path, monkeypatch):
     """ENOSPC injected into the Saver after it wrote part of the checkpoint's files."""
     logdir = copy_logdir(trained, tmp_path / "run")
@@ -815,6 +817,7 @@ def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_good_one(train
     assert_finite(read_checkpoint(good))
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_dev_hypotheses_are_written_leaves_no_partial_file(trained, tmp_path, monkeypatch):
     """ENOSPC injected where the kernel reports it for a buffered write: at fsync of the dev hypothesis file."""
     logdir = copy_logdir(trained, tmp_path / "run")
@@ -894,6 +897,7 @@ def test_test_py_and_translate_py_take_only_their_flags(trained):
     assert_one_error_line(code, err, "unrecognized arguments: --lr", "see translate.py --help")
 
 
+@pytest.mark.slow
 def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tmp_path, capsys):
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
@@ -907,6 +911,7 @@ def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tm
     assert "done: step 16" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_progress_lines_when_the_output_is_not_a_terminal(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
     assert test_cli.main(["--logdir", str(trained), "--testdir", str(tmp_path / "test")]) == 0
