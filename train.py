@@ -29,9 +29,9 @@ from data_load import get_batch
 from hparams import Hparams, explicit_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
 from utils import (DiskFull, Progress, UserError, atomic_write, calc_bleu, check_ranges, check_vocab,
-                   checkpoint_state, find_checkpoint, get_hypotheses, is_averaged, is_disk_full, load_manifest, logdir_lock,
-                   merge_hparams, read_lines, remove_stale_pins, resolve_precision, restore, run_cli, save_hparams,
-                   save_variable_specs, session_config, split_paths, vocab_sha256)
+                   checkpoint_state, find_checkpoint, get_hypotheses, is_averaged, is_disk_full, load_manifest,
+                   logdir_lock, merge_hparams, read_lines, remove_stale_pins, resolve_precision, restore, run_cli,
+                   save_hparams, save_variable_specs, session_config, split_paths, vocab_sha256)
 
 tf1 = tf.compat.v1
 
@@ -402,6 +402,7 @@ def train(hp, manifest, cluster):
         idle = nothing_to_do(hp, budget, step, epoch) if last_ckpt else None
         if idle:
             print(idle)
+            print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
             return 0
         events = EventsFile(hp.logdir, None if last_ckpt else sess.graph) if cluster.is_chief else EventsFile()
         try:

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
+from model import SCHEDULE_TOTAL_STEPS
 from model_fixtures import build, small_hp
 from utils import UserError, find_checkpoint, restore
 
@@ -33,6 +34,7 @@ def save_known_checkpoints(logdir, model, seeds_and_steps):
     drawn from seed, global_step = step and training_state = [step, step + 1]. Returns the {name: value} of each."""
     graph, variables, _ = model
     saved = []
+    os.makedirs(logdir, exist_ok=True)
     with graph.as_default(), tf1.Session() as sess:
         saver = tf1.train.Saver(max_to_keep=5, save_relative_paths=True)
         state = tf1.train.get_checkpoint_state(logdir)
@@ -43,6 +45,7 @@ def save_known_checkpoints(logdir, model, seeds_and_steps):
             values = {name: rng.uniform(-1, 1, v.shape.as_list()).astype(np.float32)
                       for name, v in variables.items() if v.dtype.base_dtype == tf.float32}
             values.update(global_step=np.int64(step), training_state=np.array([step, step + 1], np.int64))
+            values[SCHEDULE_TOTAL_STEPS] = np.int64(10 * step)
             for name, value in values.items():
                 variables[name].load(value, sess)
             saver.save(sess, os.path.join(logdir, "E%02d" % step), global_step=step, write_meta_graph=False)

@@ -347,7 +347,7 @@ def test_a_non_finite_loss_stops_without_saving(trained, tmp_path):
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
     good = tf.train.latest_checkpoint(str(logdir))
-    code, out, err = run("train.py", "--logdir", logdir, "--lr", "1e9", "--max_steps", "100")
+    code, out, err = run("train.py", "--logdir", logdir, "--lr", "1e9", "--max_steps", "100", "--lr_schedule", "noam")
     line = assert_one_error_line(code, err, "stopped without saving, the last good checkpoint is %s" % good,
                                  "Try a lower --lr, a longer --warmup_steps")
     step = int(re.search(r"loss is nan at step (\d+) \(epoch \d+\)", line).group(1))
