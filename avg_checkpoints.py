@@ -25,7 +25,7 @@ import argparse
 import numpy as np
 import tensorflow as tf
 
-from utils import AVERAGED_PREFIX, UserError, is_averaged, run_cli
+from utils import AVERAGED_PREFIX, UserError, checkpoint_state, is_averaged, logdir_lock, run_cli
 
 tf1 = tf.compat.v1
 
@@ -61,7 +61,7 @@ def select_checkpoints(logdir, last):
     """The last `last` checkpoints train.py wrote in logdir, oldest first, as listed in its checkpoint state."""
     if not os.path.isdir(logdir):
         raise UserError("logdir %s not found" % logdir)
-    state = tf1.train.get_checkpoint_state(logdir)
+    state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     if len(trained) < last:
         raise UserError("%s lists %d checkpoints written by train.py (%s), fewer than --last %d"
@@ -122,7 +122,7 @@ def write_checkpoint(values, prefix, step):
 def make_latest(logdir, ckpt):
     """Appends ckpt to logdir's checkpoint state as its latest checkpoint, keeping the others listed.
     Paths are written relative to logdir, as train.py writes them."""
-    state = tf1.train.get_checkpoint_state(logdir)
+    state = checkpoint_state(logdir)
     listed = [os.path.relpath(p, logdir) for p in state.all_model_checkpoint_paths] if state else []
     name = os.path.relpath(ckpt, logdir)
     tf1.train.update_checkpoint_state(os.path.abspath(logdir), name, [p for p in listed if p != name] + [name])
@@ -136,8 +136,9 @@ def main(argv=None):
     values = average(checkpoints)
     if "global_step" not in values:
         raise UserError("%s has no global_step: is it a checkpoint of train.py?" % checkpoints[-1])
-    ckpt = write_checkpoint(values, os.path.join(args.logdir, args.output), int(values["global_step"]))
-    make_latest(args.logdir, ckpt)
+    with logdir_lock(args.logdir, "avg_checkpoints.py"):  # train.py's Saver writes the same checkpoint index
+        ckpt = write_checkpoint(values, os.path.join(args.logdir, args.output), int(values["global_step"]))
+        make_latest(args.logdir, ckpt)
     print("averaged %s into %s, now the latest checkpoint of %s"
           % (", ".join(map(os.path.basename, checkpoints)), os.path.basename(ckpt), args.logdir))
     return 0

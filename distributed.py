@@ -95,6 +95,19 @@ def read_tf_config():
     return cluster, task_type, task_index
 
 
+def is_chief_task():
+    """Whether this process writes the logdir, known before the flags are resolved (train.py locks the logdir
+    first): with TF_CONFIG, the "chief" task or, in a cluster without one, worker 0 (as MultiWorkerMirroredStrategy
+    decides); without TF_CONFIG, always. A TF_CONFIG that make_cluster would refuse counts as the chief here."""
+    if not os.environ.get("TF_CONFIG"):
+        return True
+    try:
+        cluster, task_type, task_index = read_tf_config()
+    except UserError:
+        return True
+    return task_type == "chief" or ("chief" not in cluster and task_index == 0)
+
+
 def make_cluster(hp, config):
     """The strategy of hp.distribute and how to open sessions for it. config: the tf1.ConfigProto to start from
     (left unchanged; the Cluster holds a copy with what the strategy needs).

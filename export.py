@@ -15,15 +15,15 @@ import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
-import argparse
 import shutil
 import tempfile
 
 import tensorflow as tf
 
 from data_load import PAD_ID
+from hparams import OneLineParser
 from model import Transformer
-from utils import UserError, load_hparams, restore, run_cli, session_config, trained_model_files
+from utils import UserError, check_ranges, load_hparams, restore, run_cli, session_config, trained_model_files
 
 tf1 = tf.compat.v1
 
@@ -32,7 +32,7 @@ DECODING_FLAGS = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
 
 def parse_args(argv):
     """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given on top."""
-    parser = argparse.ArgumentParser(description="Export a trained model as a SavedModel (signature "
+    parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel (signature "
                                                  "serving_default: src_ids -> ids, scores) with its sentencepiece "
                                                  "model among the assets.")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
@@ -49,8 +49,7 @@ def parse_args(argv):
     hp.trained_data_dir = hp.data_dir
     vars(hp).update({flag: getattr(args, flag) for flag in DECODING_FLAGS if getattr(args, flag) is not None})
     hp.logdir = args.logdir
-    if hp.beam_size < 1:
-        raise UserError("--beam_size must be at least 1, not %d" % hp.beam_size)
+    check_ranges(hp, DECODING_FLAGS)
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
                         % args.export_dir)
@@ -97,7 +96,7 @@ def main(argv=None):
     manifest, ckpt = trained_model_files(hp, args.ckpt)
     with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
-        restore(sess, ckpt, hp.logdir)
+        ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
         save_model(sess, args.export_dir, inputs, outputs, os.path.join(hp.data_dir, manifest["bpe_model"]))
     print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, args.export_dir))

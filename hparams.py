@@ -6,20 +6,53 @@ Hyperparameters flow one way: argparse -> namespace -> `hparams.json` in the log
     hp = Hparams().parser.parse_args(["--data_dir", "data/numbers"])
 """
 import argparse
+import math
+import sys
+
+#: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its own flags):
+#: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.
+DECODING_FLAGS = ("logdir", "data_dir", "ckpt", "test_batch_size", "beam_size", "alpha", "max_len_a", "max_len_b",
+                  "threads", "precision")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr, `error: ...`, and exit code 2, like every other user
+    error of the toolkit (the usage is in --help)."""
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments"):
+            message += " (see %s --help%s)" % (self.prog, "; the model's shape and training flags come from "
+                                               "LOGDIR/hparams.json" if self.prog != "train.py" else "")
+        print("error: %s" % message, file=sys.stderr)
+        sys.exit(2)
+
+
+class _Only:
+    """An argument group that adds only the flags in `only` (every flag when only is None)."""
+
+    def __init__(self, group, only):
+        self.group, self.only = group, only
+
+    def add_argument(self, flag, **kwargs):
+        if self.only is None or flag[2:] in self.only:
+            self.group.add_argument(flag, **kwargs)
 
 
 class Hparams:
-    """Holds `parser`, the argparse parser with every flag of train.py and test.py."""
+    """Holds `parser`, the argparse parser with every flag of train.py, or with the flags in `only` (a tool that
+    reads the rest from hparams.json)."""
 
-    def __init__(self):
-        parser = argparse.ArgumentParser(
-            description="Transformer NMT (TF1 graph mode on TensorFlow 2). Source is side 1, target side 2.",
+    def __init__(self, only=None, prog=None, description=None):
+        parser = OneLineParser(
+            prog=prog, description=description or "Transformer NMT (TF1 graph mode on TensorFlow 2). Source is "
+                                                   "side 1, target side 2." + (" A flag not given keeps its value "
+                                                   "in LOGDIR/hparams.json." if only else ""),
             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        self._add_data(parser.add_argument_group("data"))
-        self._add_model(parser.add_argument_group("model"))
-        self._add_training(parser.add_argument_group("training"))
-        self._add_decoding(parser.add_argument_group("decoding"))
-        self._add_testing(parser.add_argument_group("testing"))
+        self._add_data(_Only(parser.add_argument_group("data"), only))
+        self._add_model(_Only(parser.add_argument_group("model"), only))
+        self._add_training(_Only(parser.add_argument_group("training"), only))
+        self._add_decoding(_Only(parser.add_argument_group("decoding"), only))
+        self._add_testing(_Only(parser.add_argument_group("testing"), only))
         self.parser = parser
 
     @staticmethod
@@ -108,9 +141,11 @@ class Hparams:
         group.add_argument("--test_batch_size", type=int, default=128, help="sentences per decoding batch")
 
 
-def explicit_flags(argv):
-    """The flags given on the command line argv (not their defaults), as a dict."""
-    parser = Hparams().parser
+def explicit_flags(argv, only=None, prog=None):
+    """The flags given on the command line argv (not their defaults), as a dict; only: see Hparams. --help and
+    unknown or invalid flags are handled by the parser with its defaults (which --help shows)."""
+    Hparams(only, prog).parser.parse_args(argv)
+    parser = Hparams(only, prog).parser
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     return vars(parser.parse_args(argv))
@@ -122,3 +157,49 @@ LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32"}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from the command line.
 MODEL_FLAGS = ("d_model", "d_ff", "num_blocks", "num_heads", "norm_type", "vocab_size")
+
+
+def at_least(low):
+    """A RANGES entry: values of low or more."""
+    return lambda value: value >= low, "at least %g" % low
+
+
+def in_range(low, high, what):
+    """A RANGES entry: values from low up to, not including, high; `what` says so to the user."""
+    return lambda value: low <= value < high, what
+
+
+#: The range of every numeric flag: flag -> (test of a value, what the value must be).
+RANGES = {
+    "maxlen1": at_least(2), "maxlen2": at_least(2),  # one piece and </s>
+    "d_model": at_least(1), "d_ff": at_least(1), "num_blocks": at_least(1), "num_heads": at_least(1),
+    # dropout draws are 16-bit: a rate within 2^-17 of 1 would round to dropping everything
+    "dropout_rate": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
+    "batch_size": at_least(1), "bucket_growth": at_least(0), "num_epochs": at_least(1), "max_steps": at_least(0),
+    "max_minutes": at_least(0), "lr": (lambda value: value > 0, "above 0"), "warmup_steps": at_least(1),
+    "smoothing": in_range(0, 1, "at least 0 and below 1"), "keep_checkpoints": at_least(1),
+    "eval_every": at_least(0), "threads": at_least(0),
+    "beam_size": at_least(1), "alpha": at_least(0), "max_len_a": at_least(0),
+    "max_len_b": at_least(1),  # at least one decoding step, whatever the source length
+    "test_batch_size": at_least(1), "nbest": at_least(1),
+}
+
+
+def range_error(hp, flags=None):
+    """The first flag of hp (of `flags`, default every flag) outside its range, or a pair of flags that do not go
+    together, as one sentence for the user; None when every value is valid."""
+    values = vars(hp)
+    for flag, (valid, must_be) in RANGES.items():
+        value = values.get(flag)
+        if value is None or (flags is not None and flag not in flags):
+            continue
+        if not (math.isfinite(value) and valid(value)):
+            return "--%s %s is out of range: it must be %s" % (flag, value, must_be)
+    if values.get("d_model") and values.get("num_heads") and values["d_model"] % values["num_heads"]:
+        return "--num_heads %d must divide --d_model %d" % (values["num_heads"], values["d_model"])
+    longest = max(values.get("maxlen1", 0), values.get("maxlen2", 0))
+    if values.get("batch_type") == "tokens" and values.get("batch_size", longest) < longest and flags is None:
+        return ("--batch_size %d tokens cannot hold a pair of --maxlen1 %d / --maxlen2 %d pieces: raise it to %d, "
+                "lower --maxlen1/--maxlen2, or pass --batch_type sentences"
+                % (values["batch_size"], values["maxlen1"], values["maxlen2"], longest))
+    return None

@@ -2,7 +2,7 @@
 
     model = Transformer(hp)                       # hp: namespace with vocab_size, d_model, d_ff, num_blocks, ...
     loss, train_op, global_step, summaries = model.train(xs, ys)
-    ids, summaries = model.eval(xs, ys)           # greedy (or beam, hp.beam_size) with a decoding cache
+    ids, scores, summaries = model.eval(xs, ys)   # greedy (or beam, hp.beam_size) with a decoding cache
 
 xs = (x, x_seqlen, sent1): x (N, T1) int32 source ids ending in </s>, padded with 0.
 ys = (decoder_input, y, y_seqlen, sent2): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
@@ -296,12 +296,13 @@ class Transformer:
         return self._teacher_forced(xs, ids)[1]
 
     def eval(self, xs, ys):
-        """Translations of a batch with hp's decoding settings: ids (N, T), and an attention image summary."""
+        """Translations of a batch with hp's decoding settings: ids (N, T), their scores (N,) (train.py refuses to
+        save a model whose scores are not finite), and an attention image summary."""
         del ys  # references are scored as text, outside the graph
         hp = self.hp
-        ids, _ = self.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+        ids, scores = self.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
         summaries = tf1.summary.image("eval_attention", attention_image(self.attention(xs, ids)))
-        return ids, summaries
+        return ids, scores, summaries
 
 
 def make_optimizer(hp, global_step):
@@ -378,18 +379,22 @@ def _state_invariants(state):
 
 
 def greedy_search(step_fn, state, max_steps, alpha, append=None):
-    """Greedy decoding in one tf.while_loop that stops once every sentence has emitted </s>.
+    """Greedy decoding in one tf.while_loop that stops once every sentence has emitted </s>, at the latest after
+    max(max_steps) steps.
 
     step_fn(tokens (N,), step, state) -> logits (N, V), new state. append(state, tokens) -> state, if the
     state must also record the chosen tokens (the uncached decoder). max_steps: (N,) int32.
+    A sentence's last step emits </s> whatever the log-probabilities are (NaN ones would never pick it), so the
+    loop never runs past the decoding cache's length.
     Returns ids (N, T) ending in </s> then 0s, and scores (N,) = sum log p / length_penalty(len, alpha).
     """
     n_batch = tf.shape(max_steps)[0]
 
     def body(step, tokens, ids, log_prob, finished, state):
         logits, state = step_fn(tokens, step, state)
-        log_probs = force_eos(decoding_log_probs(logits), step + 1 >= max_steps)  # (N, V)
-        tokens = tf.cast(tf.argmax(log_probs, axis=-1), tf.int32)
+        last = step + 1 >= max_steps  # (N,)
+        log_probs = force_eos(decoding_log_probs(logits), last)  # (N, V)
+        tokens = tf.where(last, EOS_ID, tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
         tokens = tf.where(finished, PAD_ID, tokens)
         log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
         if append is not None:
@@ -404,7 +409,8 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
                  tf.zeros([n_batch]), tf.zeros([n_batch], tf.bool), state)
     invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None, None]), tf.TensorShape([None]),
                   tf.TensorShape([None]), _state_invariants(state))
-    _, _, ids, log_prob, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    _, _, ids, log_prob, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants,
+                                              maximum_iterations=tf.reduce_max(max_steps))
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, PAD_ID), tf.float32), axis=1)
     return ids, log_prob / length_penalty(lengths, alpha)
 
@@ -417,7 +423,8 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
     2K best extensions: those among the top K that end in </s> compete (score = log p / length_penalty) for the
     K finished slots, the others that do not end in </s> for the K live slots (so K = 1 is greedy decoding).
     A sentence is done when its best finished score beats the best score any live hypothesis could still reach,
-    or at max_steps (where only </s> is allowed).
+    or at max_steps (where only </s> is allowed); whatever the log-probabilities, the loop ends after max(max_steps)
+    steps, within the decoding cache.
     Returns ids (N, K, T) and scores (N, K), best first.
     """
     n_batch, K = tf.shape(max_steps)[0], beam_size
@@ -456,5 +463,6 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
                  tf.zeros([n_batch, K, 0], tf.int32), tf.fill([n_batch, K], NEG_INF), state)
     invariants = (tf.TensorShape([]), tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]),
                   tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]), _state_invariants(state))
-    _, _, _, finished_ids, finished_scores, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    _, _, _, finished_ids, finished_scores, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants,
+                                                              maximum_iterations=tf.reduce_max(max_steps))
     return finished_ids, finished_scores

@@ -20,13 +20,17 @@ Cleaning keeps every line: it strips '\\r' and surrounding whitespace, collapses
 to single spaces and applies Unicode NFC.  Training pairs with an empty side are dropped; duplicate
 pairs and pairs whose sides differ in length by more than ``--max_ratio`` (in BPE pieces) are
 reported, and dropped from train with ``--dedup`` / ``--filter_ratio``.  Dev and test lines are
-never dropped or reordered.  Every file is written to a temporary name and renamed into place, and
-manifest.json comes last, so a directory with a manifest is complete.  Re-running with the same
-inputs and options does nothing; other inputs or options need another --data_dir or --force.
+never dropped or reordered, and an empty dev or test split is refused.  Input files may be
+gzip-compressed.  A build is written into a staging directory inside the data directory and its
+files are renamed into place only once all are complete, manifest.json last, so a directory with a
+manifest is complete, and a failed rebuild (--force) leaves the previous build usable.  Re-running
+with the same inputs and options does nothing; other inputs or options need another --data_dir or
+--force.
 """
 
 import argparse
 import calendar
+import contextlib
 import gzip
 import hashlib
 import html
@@ -39,11 +43,13 @@ import re
 import shutil
 import sys
 import tarfile
+import tempfile
 import time
 import unicodedata
 import urllib.error
 import urllib.request
 import uuid
+import zlib
 from pathlib import Path
 
 import sentencepiece as spm
@@ -161,15 +167,34 @@ def decode_lines(data, name):
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+#: The first bytes of every gzip file.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gunzip(data, name):
+    """``data`` unpacked if it is gzip-compressed (whatever the file is called), else ``data`` itself.
+
+    Raises PrepError naming ``name`` if it is a damaged gzip file.
+    """
+    if not data.startswith(GZIP_MAGIC):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:
+        raise PrepError(f"{name} is not a valid gzip file ({error})") from None
+
+
 def read_lines(path):
-    """Read a UTF-8 text file into a list of lines (see decode_lines)."""
+    """Read a UTF-8 text file, gzip-compressed or not, into a list of lines (see decode_lines)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise PrepError(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise PrepError(f"{path} is a directory, not a file") from None
     except OSError as error:
         raise PrepError(f"cannot read {path}: {error.strerror}") from None
-    return decode_lines(data, str(path))
+    return decode_lines(gunzip(data, str(path)), str(path))
 
 
 def clean_line(line):
@@ -421,15 +446,11 @@ def discard_download(path):
 
 def read_maybe_gzipped(path, url):
     """The bytes of a download, gunzipped if it is a gzip file."""
-    data = Path(path).read_bytes()
-    if not data.startswith(b"\x1f\x8b"):
-        return data
     try:
-        return gzip.decompress(data)
-    except (OSError, EOFError) as error:
+        return gunzip(Path(path).read_bytes(), url)
+    except PrepError as error:
         discard_download(path)
-        raise PrepError(f"{url} is not a valid gzip file ({error}); the download was removed, try again "
-                        f"or {offline_hint()}") from None
+        raise PrepError(f"{error}; the download was removed, try again or {offline_hint()}") from None
 
 
 def unsafe_member_reason(member):
@@ -545,6 +566,8 @@ def pair_up(lines, sources):
 def file_splits(paths):
     """Read local parallel files {flag: path} and return (splits, sources)."""
     for flag, path in paths.items():
+        if Path(path).is_dir():
+            raise PrepError(f"{path} is a directory, not a file (--{flag})")
         if not Path(path).is_file():
             raise PrepError(f"file not found: {path} (--{flag})")
     lines = {key: read_lines(paths[flag]) for key, flag in FILE_FLAGS.items()}
@@ -687,12 +710,11 @@ def build_differences(manifest, options, inputs):
 def is_up_to_date(data_dir, options, inputs, force):
     """True if ``data_dir`` already holds this exact build.
 
-    Raises PrepError if it holds another build, unless ``force``, which removes the old manifest so
-    that the directory counts as incomplete until the rebuild finishes.
+    Raises PrepError if it holds another build, unless ``force``: then the old build stays usable
+    until the new one is complete (see publish).
     """
     manifest_path = Path(data_dir) / MANIFEST_NAME
     if force:
-        manifest_path.unlink(missing_ok=True)
         return False
     manifest = read_manifest(data_dir)
     if manifest is None:
@@ -733,16 +755,64 @@ def build_data_dir(data_dir, splits, options, sources=None, downloads=None, forc
 
     cleaned = {split: [(clean_line(source), clean_line(target)) for source, target in zip(*splits[split])]
                for split in SPLITS}
+    for split in ("eval", "test"):
+        if not cleaned[split]:
+            name = "dev" if split == "eval" else "test"
+            raise PrepError(f"the {name} split is empty ({describe_sides(split, sources)}): train.py scores BLEU on "
+                            f"dev and test.py on test; give at least one {name} pair")
     train_pairs = select_training_pairs(cleaned["train"], options["dedup"])
     if not train_pairs:
         raise PrepError("no training pairs are left after dropping empty ones; check the train files")
-    processor = write_bpe_model(data_dir, train_pairs, options["vocab_size"])
-    split_reports = {}
-    for split in SPLITS:
-        pairs = train_pairs if split == "train" else cleaned[split]
-        split_reports[split] = write_split(data_dir, split, cleaned[split], pairs, processor, options)
-        log(describe_split(split, split_reports[split], options))
-    manifest = {
+    with staging_dir(data_dir) as staging:
+        processor = write_bpe_model(staging, train_pairs, options["vocab_size"])
+        split_reports = {}
+        for split in SPLITS:
+            pairs = train_pairs if split == "train" else cleaned[split]
+            split_reports[split] = write_split(staging, split, cleaned[split], pairs, processor, options)
+            log(describe_split(split, split_reports[split], options))
+        manifest = build_manifest(options, processor, inputs, downloads, split_reports)
+        write_json(staging / MANIFEST_NAME, manifest)
+        publish(staging, data_dir)
+    return manifest
+
+
+def describe_sides(split, sources):
+    """Where the two sides of a split came from, for messages: "--eval1 a.de, --eval2 a.en"."""
+    return ", ".join(f"--{FILE_FLAGS[split, side]} {(sources or {}).get(FILE_FLAGS[split, side], '?')}"
+                     for side in SIDES)
+
+
+#: Prefix of the directory inside --data_dir where a build is written before publish moves it into place.
+STAGING_PREFIX = ".build-"
+
+
+@contextlib.contextmanager
+def staging_dir(data_dir):
+    """A new empty directory inside ``data_dir`` to build in, removed afterwards with whatever is left in it;
+    those of earlier builds that were killed are removed first."""
+    for old in Path(data_dir).glob(STAGING_PREFIX + "*"):
+        shutil.rmtree(old, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(dir=data_dir, prefix=STAGING_PREFIX))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(staging, data_dir):
+    """Move a complete build from ``staging`` into ``data_dir``: the old manifest goes first (from then on the
+    directory counts as incomplete), every file is renamed into place, and the new manifest comes last. A build
+    that fails before this point leaves the old build untouched and usable."""
+    (Path(data_dir) / MANIFEST_NAME).unlink(missing_ok=True)
+    for path in sorted(staging.iterdir()):
+        if path.name != MANIFEST_NAME:
+            os.replace(path, Path(data_dir) / path.name)
+    os.replace(staging / MANIFEST_NAME, Path(data_dir) / MANIFEST_NAME)
+
+
+def build_manifest(options, processor, inputs, downloads, split_reports):
+    """The manifest.json of a build (see the module docstring)."""
+    return {
         "format": MANIFEST_FORMAT, "dataset": options["dataset"],
         "src_lang": options["src_lang"], "tgt_lang": options["tgt_lang"],
         "vocab_size": processor.get_piece_size(),
@@ -751,8 +821,6 @@ def build_data_dir(data_dir, splits, options, sources=None, downloads=None, forc
         "options": options, "inputs": inputs, "downloads": downloads or [],
         "splits": split_reports,
     }
-    write_json(data_dir / MANIFEST_NAME, manifest)
-    return manifest
 
 
 def write_bpe_model(data_dir, train_pairs, vocab_size):

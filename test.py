@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from data_load import get_batch
 from model import Transformer
-from utils import (atomic_write, calc_bleu, get_hypotheses, read_lines, restore, restore_hparams, run_cli,
-                   session_config, split_paths, trained_model_files)
+from utils import (UserError, atomic_write, calc_bleu, get_hypotheses, read_lines, restore, restore_hparams,
+                   run_cli, session_config, split_paths, trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -33,14 +33,21 @@ def main(argv=None):
     batches, num_batches, num_sentences, _ = get_batch(files["bpe1"], files["bpe2"], None, None,
                                                        os.path.join(hp.data_dir, manifest["bpe_vocab"]),
                                                        hp.test_batch_size)
+    if not num_sentences:
+        raise UserError("the test split of %s is empty: nothing to translate; rebuild it with prepro.py and a test "
+                        "set" % hp.data_dir)
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
-    ids, _ = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+    ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
     with tf1.Session(config=session_config(hp)) as sess:
-        restore(sess, ckpt, hp.logdir)
+        ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()
-        hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[2], num_batches(), sp)
+        try:
+            hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[2], num_batches(), sp, "test", scores)
+        except FloatingPointError as error:
+            raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with --ckpt"
+                            % (error, ckpt)) from None
         seconds = time.time() - start
     bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
 

@@ -4,29 +4,34 @@
 
 Every epoch: translate the whole dev set, compute BLEU, write summaries and a checkpoint named after the epoch,
 loss and BLEU. Started again with the same logdir, it resumes from the latest checkpoint at the same global step,
-epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first; a non-finite loss stops training
-without saving over the last good checkpoint.
+epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first; a non-finite loss, weights or dev
+decoding scores stop training without saving over the last good checkpoint, and so does a full disk. One train.py
+at a time trains a logdir (LOGDIR/train.lock).
 """
 import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
+import contextlib
+import glob
 import math
 import signal
+import shutil
+import struct
 import time
 
 import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
-from tqdm import tqdm
 
 import distributed
 from data_load import get_batch
 from hparams import Hparams, explicit_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
-from utils import (UserError, atomic_write, calc_bleu, check_vocab, find_checkpoint, get_hypotheses, is_averaged,
-                   load_manifest, merge_hparams, read_lines, resolve_precision, restore, run_cli, save_hparams,
-                   save_variable_specs, session_config, split_paths, vocab_sha256)
+from utils import (DiskFull, Progress, UserError, atomic_write, calc_bleu, check_ranges, check_vocab,
+                   checkpoint_state, find_checkpoint, get_hypotheses, is_averaged, is_disk_full, load_manifest,
+                   logdir_lock, merge_hparams, read_lines, remove_stale_pins, resolve_precision, restore, run_cli,
+                   save_hparams, save_variable_specs, session_config, split_paths, vocab_sha256)
 
 tf1 = tf.compat.v1
 
@@ -35,9 +40,9 @@ def resolve_hparams(argv):
     """Command-line flags, or on resume the logdir's hparams.json overridden by the flags given explicitly.
 
     The model's shape can not change on resume, nor its vocabulary: vocab_size and vocab_sha256 come from the data
-    dir.
+    dir. Every flag's range is checked before anything is built.
     """
-    hp = Hparams().parser.parse_args(argv)
+    hp = Hparams(prog="train.py").parser.parse_args(argv)
     trained_data_dir = None
     if os.path.exists(os.path.join(hp.logdir, "hparams.json")):
         hp, conflicts = merge_hparams(hp.logdir, explicit_flags(argv))
@@ -45,12 +50,11 @@ def resolve_hparams(argv):
             raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
                             % (hp.logdir, flag, saved, asked))
         trained_data_dir = vars(hp).pop("trained_data_dir")
-    manifest = load_manifest(hp.data_dir)
+    check_ranges(hp)
+    manifest = load_manifest(hp.data_dir, trained_data_dir, hp.logdir)
     if trained_data_dir:
         check_vocab(hp, manifest, trained_data_dir)
     hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(hp.data_dir, manifest)
-    if hp.d_model % hp.num_heads:
-        raise UserError("--num_heads %d must divide --d_model %d" % (hp.num_heads, hp.d_model))
     resolve_precision(hp)
     return hp, manifest
 
@@ -140,11 +144,16 @@ class StopRequest:
         self.signal = signal.Signals(signum).name
 
 
-def remove_partial_checkpoints(logdir):
-    """Deletes the temporary files of a checkpoint whose writing was killed (TensorFlow's *.tempstate*)."""
-    for name in os.listdir(logdir):
-        if ".tempstate" in name:
-            os.remove(os.path.join(logdir, name))
+def remove_partial_checkpoints(logdir, prefix=None):
+    """Deletes the temporary files of a checkpoint whose writing was killed or failed (TensorFlow's *.tempstate*
+    files and PREFIX_temp directories), the directories of readers killed while pinning a checkpoint, and, given a
+    prefix (LOGDIR/NAME-STEP), every file of that checkpoint."""
+    for path in glob.glob(os.path.join(glob.escape(logdir), "*")):
+        if ".tempstate" in os.path.basename(path) or (prefix and path.startswith(prefix + "_temp")):
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+        elif prefix and path.startswith(prefix + "."):
+            os.remove(path)
+    remove_stale_pins(logdir)
 
 
 def build_graph(hp, manifest, cluster):
@@ -165,7 +174,7 @@ def build_graph(hp, manifest, cluster):
     xs, ys = iterator.get_next()
 
     train = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
-    eval_ids, eval_summaries = Transformer(hp).eval(xs, ys)
+    eval_ids, eval_scores, eval_summaries = Transformer(hp).eval(xs, ys)
     # [completed epochs, batches done in the current epoch], saved with the weights.
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
@@ -178,7 +187,8 @@ def build_graph(hp, manifest, cluster):
         epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
         eval_init=iterator.make_initializer(eval_batches), train_num_batches=train_num_batches,
         eval_num_batches=eval_num_batches(), num_train=num_train, num_over=num_over, num_eval=num_eval,
-        xs=xs, target_tokens=tf.reduce_sum(ys[2]), eval_ids=eval_ids, eval_summaries=eval_summaries,
+        xs=xs, target_tokens=tf.reduce_sum(ys[2]), eval_ids=eval_ids, eval_scores=eval_scores,
+        eval_summaries=eval_summaries,
         training_state=training_state, new_state=new_state,
         save_state=tf1.assign(training_state, new_state), weights_finite=weights_finite,
         schedule_total=schedule_total, new_schedule_total=new_schedule_total,
@@ -192,7 +202,7 @@ def restore_or_init(sess, g, logdir):
     initializes the variables (returns None). Averaged checkpoints (avg_*, see avg_checkpoints.py) are passed over:
     training goes on from where it stopped, and the Saver never rotates them away. A newest checkpoint that is
     missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint."""
-    state = tf1.train.get_checkpoint_state(logdir)
+    state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
     distributed.agree_on_checkpoint(sess, g, ckpt)
@@ -204,10 +214,22 @@ def restore_or_init(sess, g, logdir):
     return ckpt
 
 
+def check_splits(g, hp):
+    """Refuses a training set that the length limits left empty (saying how many pairs they removed) and an empty
+    dev set (whose BLEU means nothing), before anything is written to the logdir."""
+    if not g["num_train"]:
+        raise UserError("no training pairs left: all %d pairs of %s are longer than --maxlen1 %d / --maxlen2 %d "
+                        "pieces (with </s>); raise the limits or pass --truncate"
+                        % (g["num_over"], hp.data_dir, hp.maxlen1, hp.maxlen2))
+    if not g["num_eval"]:
+        raise UserError("the dev split of %s is empty: rebuild it with prepro.py and a dev set" % hp.data_dir)
+
+
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
-    """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU."""
+    """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
+    when a translation's score is not finite (as train_epoch does for non-finite weights)."""
     hypotheses = get_hypotheses(sess, g["eval_init"], g["eval_ids"], g["xs"][2], g["eval_num_batches"], sp,
-                                desc="dev")
+                                desc="dev", scores_op=g["eval_scores"])
     atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)
     sess.run(g["eval_init"])
@@ -218,10 +240,18 @@ def evaluate(sess, g, hp, sp, references, writer, step, epoch):
 
 
 def save(sess, g, hp, epoch, epoch_step, name):
-    """Saves weights, optimizer state and [epoch, epoch_step] as logdir/name-STEP. Returns the path."""
+    """Saves weights, optimizer state and [epoch, epoch_step] as logdir/name-STEP. Returns the path.
+    A full disk is a DiskFull, with every file of the half-written checkpoint removed."""
     sess.run(g["save_state"], {g["new_state"]: [epoch, epoch_step]})
-    return g["saver"].save(sess, os.path.join(hp.logdir, name), global_step=g["global_step"],
-                           write_meta_graph=False)
+    try:
+        return g["saver"].save(sess, os.path.join(hp.logdir, name), global_step=g["global_step"],
+                               write_meta_graph=False)
+    except (tf.errors.OpError, OSError) as error:
+        if not (is_disk_full(error) or isinstance(error, tf.errors.ResourceExhaustedError)):
+            raise
+        prefix = "%s-%d" % (os.path.join(hp.logdir, name), sess.run(g["global_step"]))
+        remove_partial_checkpoints(hp.logdir, prefix)
+        raise DiskFull("the checkpoint %s" % os.path.basename(prefix), prefix) from None
 
 
 def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
@@ -236,7 +266,7 @@ def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
     total = g["train_num_batches"](epoch)
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g["global_step"])
-    bar = tqdm(total=total, initial=epoch_step, desc="epoch %d" % (epoch + 1), disable=None, leave=False)
+    progress = Progress(total, "epoch %d" % (epoch + 1), initial=epoch_step, unit="batches")
     while step < budget.last_step():
         any_signal, out_of_time = distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)
         if any_signal:
@@ -253,6 +283,7 @@ def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
         _, loss, batch_tokens = results[:3]
         step += 1
         if not math.isfinite(loss):
+            progress.close()
             raise FloatingPointError("loss is %s at step %d (epoch %d)" % (loss, step, epoch + 1))
         if len(results) == 4:
             writer.add_summary(results[3], step)
@@ -260,24 +291,99 @@ def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
         budget.after_step(step)
         losses.append(loss)
         tokens += batch_tokens
-        bar.update(1)
-        bar.set_postfix(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
-    bar.close()
+        progress.update(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
+    progress.close()
     if not sess.run(g["weights_finite"]):
         raise FloatingPointError("the weights are not finite after step %d (epoch %d)" % (step, epoch + 1))
     return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time() - start), step
+
+
+def nothing_to_do(hp, budget, step, epoch):
+    """The line a resumed run prints when its logdir has already trained to the end of its budget, naming that end
+    and how to train longer; None when there is training left."""
+    if budget.decaying and budget.total and step >= budget.total:
+        end = "its --lr_schedule %s decayed to 0 at step %d" % (hp.lr_schedule, budget.total)
+    elif hp.max_steps and step >= hp.max_steps:
+        end = "--max_steps %d (given, or saved in its hparams.json)" % hp.max_steps
+    elif epoch >= hp.num_epochs:
+        end = "--num_epochs %d (given, or saved in its hparams.json)" % hp.num_epochs
+    else:
+        return None
+    longer = ("start a new --logdir, or resume with --lr_schedule noam (which has no end) and a higher --max_steps "
+              "or --num_epochs" if budget.decaying else "resume with a higher --max_steps or --num_epochs")
+    return "nothing to do: %s is at step %d (%d epochs done), where %s ends training; to train longer, %s" % (
+        hp.logdir, step, epoch, end, longer)
+
+
+def whole_records_size(path):
+    """The length of the leading part of a TFRecord file (an events file) made of whole records: each is an 8-byte
+    length, a 4-byte checksum, the data and a 4-byte checksum. A write cut short (a full disk) leaves a torn record
+    after it."""
+    size, offset = os.path.getsize(path), 0
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(12)
+            if len(header) < 12:
+                return offset
+            end = offset + 12 + struct.unpack("<Q", header[:8])[0] + 4
+            if end > size:
+                return offset
+            offset = end
+            f.seek(offset)
+
+
+class EventsFile:
+    """The summary writer of a run (None: a worker that writes no summaries) and the events file it writes."""
+
+    def __init__(self, logdir=None, graph=None):
+        if logdir is None:
+            self.writer, self.path = distributed.NullWriter(), None
+            return
+        pattern = os.path.join(glob.escape(logdir), "events.out.tfevents.*")
+        before = set(glob.glob(pattern))
+        self.writer = tf1.summary.FileWriter(logdir, graph)
+        self.writer.flush()
+        self.path = max(set(glob.glob(pattern)) - before, key=os.path.getmtime, default=None)
+
+    def cut_off(self):
+        """After a full disk: closes the writer (its failed write raises again) and cuts off a torn last record."""
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001 (whatever the writer thread failed with, the file is repaired below)
+            pass
+        if self.path and os.path.exists(self.path):
+            os.truncate(self.path, whole_records_size(self.path))
+
+
+def last_good_checkpoint(g):
+    """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or None."""
+    existing = [path for path in g["saver"].last_checkpoints if tf1.train.checkpoint_exists(path)]
+    return existing[-1] if existing else None
 
 
 def main(argv=None):
     tf1.disable_eager_execution()
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
-    hp, manifest = resolve_hparams(argv)
-    os.makedirs(hp.logdir, exist_ok=True)
-    cluster = distributed.make_cluster(hp, session_config(hp))
+    logdir, chief = Hparams(prog="train.py").parser.parse_args(argv).logdir, distributed.is_chief_task()
+    with contextlib.ExitStack() as lock:
+        if chief and os.path.isdir(logdir):  # first: its hparams.json may be another run's, being written
+            lock.enter_context(logdir_lock(logdir))
+        hp, manifest = resolve_hparams(argv)
+        if chief and not os.path.isdir(logdir):  # a new logdir: created once the flags are known to be valid
+            os.makedirs(logdir, exist_ok=True)
+            lock.enter_context(logdir_lock(logdir))
+        os.makedirs(hp.logdir, exist_ok=True)
+        cluster = distributed.make_cluster(hp, session_config(hp))
+        return train(hp, manifest, cluster)
+
+
+def train(hp, manifest, cluster):
+    """Builds the graph, restores or initializes it, and trains until the budget, a signal or an error ends."""
+    g = build_graph(hp, manifest, cluster)
+    check_splits(g, hp)
     if cluster.is_chief:
         save_hparams(hp, hp.logdir)
-    g = build_graph(hp, manifest, cluster)
     num_params = save_variable_specs(os.path.join(hp.logdir, "specs.txt"))
     print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
           % (g["num_train"], g["num_over"], "truncated" if hp.truncate else "skipped", g["num_eval"], num_params))
@@ -291,48 +397,78 @@ def main(argv=None):
         step = sess.run(g["global_step"])
         if last_ckpt:
             print("resumed from %s at step %d, epoch %d" % (last_ckpt, step, epoch + 1))
-        writer = (tf1.summary.FileWriter(hp.logdir, None if last_ckpt else sess.graph) if cluster.is_chief
-                  else distributed.NullWriter())
         budget = Budget(sess, g, hp, time.time() + hp.max_minutes * 60 if hp.max_minutes else float("inf"),
                         cluster.is_chief)
-        while epoch < hp.num_epochs and step < budget.last_step() and not (
-                distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)[1]):
-            start = time.time()
-            try:
-                epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step, writer, stop, budget)
-            except FloatingPointError as error:
-                writer.close()
-                raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
-                                "longer --warmup_steps%s" % (error, last_ckpt, " or --precision fp32"
-                                                             if hp.precision != "fp32" else "")) from None
-            if stop.signal:
-                writer.close()
-                if cluster.is_chief:
-                    last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
-                    print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
-                else:
-                    print("%s: stopped at step %d; the chief saves the checkpoint" % (stop.signal, step))
-                return 0
-            if epoch_step >= g["train_num_batches"](epoch):
-                epoch, epoch_step = epoch + 1, 0
-            name, report = "E%02d_L%.2f" % (epoch, loss), ""
-            if not cluster.is_chief:
-                print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task), flush=True)
-                continue
-            ending = (epoch_step or epoch == hp.num_epochs or step >= budget.last_step()
-                      or time.time() >= budget.deadline)
-            if ending or (hp.eval_every and epoch % hp.eval_every == 0):
-                eval_start = time.time()
-                bleu = evaluate(sess, g, hp, sp, references, writer, step, epoch)
-                budget.record_eval(time.time() - eval_start)
-                name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
-            last_ckpt = save(sess, g, hp, epoch, epoch_step, name)
-            print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"
-                  % (epoch, step, loss, tokens_per_s, time.time() - start, report, os.path.basename(last_ckpt)),
-                  flush=True)
-        writer.close()
+        idle = nothing_to_do(hp, budget, step, epoch) if last_ckpt else None
+        if idle:
+            print(idle)
+            print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
+            return 0
+        events = EventsFile(hp.logdir, None if last_ckpt else sess.graph) if cluster.is_chief else EventsFile()
+        try:
+            step, epoch, last_ckpt = train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt)
+        except FloatingPointError as error:
+            events.writer.close()
+            raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
+                            "longer --warmup_steps%s" % (error, last_good_checkpoint(g), " or --precision fp32"
+                                                         if hp.precision != "fp32" else "")) from None
+        except (OSError, tf.errors.OpError) as error:  # DiskFull is a UserError, not an OSError
+            if not is_disk_full(error):
+                raise
+            raise disk_full(DiskFull("the summaries", events.path or hp.logdir), g, hp, events) from None
+        except DiskFull as error:
+            raise disk_full(error, g, hp, events) from None
+        if stop.signal:
+            return 0
+        events.writer.close()
     print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
     return 0
+
+
+def disk_full(error, g, hp, events):
+    """The UserError for a full disk (error, a DiskFull) once what was half-written is gone: a torn summary record
+    and the files of a checkpoint being written; the last good checkpoint stays."""
+    events.cut_off()
+    remove_partial_checkpoints(hp.logdir)
+    return UserError("%s; removed what was half-written, the last good checkpoint %s is untouched: free some space "
+                     "and run the same command to resume" % (error, last_good_checkpoint(g) or "(none yet)"))
+
+
+def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt):
+    """Epochs until the budget ends or a stop request: each ends with a dev evaluation (every --eval_every epochs
+    and at the end) and a checkpoint. Returns (global step, epoch, last checkpoint)."""
+    epoch, epoch_step = (int(v) for v in sess.run(g["training_state"]))
+    step = sess.run(g["global_step"])
+    while epoch < hp.num_epochs and step < budget.last_step() and not (
+            distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)[1]):
+        start = time.time()
+        epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step, events.writer, stop, budget)
+        if stop.signal:
+            events.writer.close()
+            if cluster.is_chief:
+                last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
+                print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
+            else:
+                print("%s: stopped at step %d; the chief saves the checkpoint" % (stop.signal, step))
+            return step, epoch, last_ckpt
+        if epoch_step >= g["train_num_batches"](epoch):
+            epoch, epoch_step = epoch + 1, 0
+        name, report = "E%02d_L%.2f" % (epoch, loss), ""
+        if not cluster.is_chief:
+            print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task), flush=True)
+            continue
+        ending = (epoch_step or epoch == hp.num_epochs or step >= budget.last_step()
+                  or time.time() >= budget.deadline)
+        if ending or (hp.eval_every and epoch % hp.eval_every == 0):
+            eval_start = time.time()
+            bleu = evaluate(sess, g, hp, sp, references, events.writer, step, epoch)
+            budget.record_eval(time.time() - eval_start)
+            name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
+        last_ckpt = save(sess, g, hp, epoch, epoch_step, name)
+        print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"
+              % (epoch, step, loss, tokens_per_s, time.time() - start, report, os.path.basename(last_ckpt)),
+              flush=True)
+    return step, epoch, last_ckpt
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from data_load import EOS_ID, PAD_ID, UNK_ID, pad
-from hparams import Hparams
+from hparams import DECODING_FLAGS, Hparams
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
 from prepro import PrepError, clean_line, decode_lines
-from utils import (UserError, postprocess, restore, restore_hparams, run_cli, session_config,
+from utils import (UserError, check_ranges, postprocess, restore, restore_hparams, run_cli, session_config,
                    trained_model_files)
 
 tf1 = tf.compat.v1
@@ -56,9 +56,9 @@ PLOTTED_POSITIONS = 100
 
 # ---------------------------------------------------------------- flags
 def build_parser():
-    """hparams.py's parser with the arguments and flags of translate.py alone added."""
-    parser = Hparams().parser
-    parser.description = "Translate raw text with a trained model (see the top of translate.py)."
+    """hparams.py's parser with its decoding flags and the arguments and flags of translate.py alone."""
+    parser = Hparams(DECODING_FLAGS, "translate.py", "Translate raw text with a trained model (see the top of "
+                                                     "translate.py).").parser
     group = parser.add_argument_group("translate.py")
     group.add_argument("sentences", nargs="*", metavar="SENTENCE",
                        help="sentences to translate; without any, --input FILE or standard input is read")
@@ -83,14 +83,15 @@ def parse_args(argv):
         action.default = argparse.SUPPRESS
     given = vars(parser.parse_intermixed_args(argv))
     hparams_argv = []
-    for action in Hparams().parser._actions:
+    for action in Hparams(DECODING_FLAGS).parser._actions:
         if action.option_strings and action.dest in given:
             flag = action.option_strings[0]
             hparams_argv += [flag] if action.nargs == 0 else [flag, str(given[action.dest])]
-    hp = restore_hparams(hparams_argv)
+    hp = restore_hparams(hparams_argv, DECODING_FLAGS, "translate.py")
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
-    if not 1 <= args.nbest <= hp.beam_size:
+    check_ranges(args, ("nbest",))
+    if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
     return hp, args
 
@@ -195,7 +196,7 @@ class Translator:
             self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
         self.sess = tf1.Session(config=session_config(hp))
-        restore(self.sess, ckpt, hp.logdir)
+        restore(self.sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
 
     def run(self, sources):
         """sources: list of N id lists, each ending in </s>.

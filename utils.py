@@ -3,12 +3,20 @@ text, translating a whole dataset, and BLEU.
 
 BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers can be compared with).
 """
+import contextlib
+import errno
+import fcntl
+import glob
 import hashlib
 import json
 import math
 import os
+import re
+import shutil
+import socket
 import sys
 import tempfile
+import time
 from argparse import Namespace
 
 import numpy as np
@@ -18,7 +26,7 @@ from tqdm import tqdm
 
 import runtime
 from data_load import EOS_ID, PAD_ID
-from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, explicit_flags
+from hparams import DECODING_FLAGS, LEGACY_VALUES, MODEL_FLAGS, Hparams, explicit_flags, range_error
 from model import SCHEDULE_TOTAL_STEPS
 
 tf1 = tf.compat.v1
@@ -28,13 +36,49 @@ class UserError(Exception):
     """A problem the user can fix (bad flag, missing file, mismatched logdir): reported as one line, no traceback."""
 
 
+class DiskFull(UserError):
+    """No space left on the device (ENOSPC) while writing `what`; the partial file is gone."""
+
+    def __init__(self, what, path):
+        self.what, self.path = what, path
+        super().__init__("no space left on the device while writing %s (%s free on %s)"
+                         % (what, free_space(path), os.path.dirname(os.path.abspath(path))))
+
+
+#: errno values that mean the disk (or the user's quota) is full.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(error):
+    """Whether an OSError, or a TensorFlow error from a file write, says that the disk or quota is full."""
+    if isinstance(error, OSError):
+        return error.errno in DISK_FULL_ERRNOS
+    return isinstance(error, tf.errors.OpError) and ("No space left on device" in str(error)
+                                                      or "Disk quota exceeded" in str(error))
+
+
+def free_space(path):
+    """The space left on the file system holding path (or its nearest existing parent), e.g. "12.0 MB"."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return "%.1f MB" % (shutil.disk_usage(path).free / 1e6)
+
+
 def run_cli(main):
-    """Runs main() and exits with its code; a UserError becomes one line on stderr and exit code 2, a Ctrl-C that
-    main() does not handle itself one line and exit code 130."""
+    """Runs main() and exits with its code; a UserError or a full disk becomes one line on stderr and exit code 2,
+    a Ctrl-C that main() does not handle itself one line and exit code 130."""
     try:
         sys.exit(main())
     except UserError as error:
         print("error: %s" % error, file=sys.stderr)
+        sys.exit(2)
+    except OSError as error:  # a full disk where no caller names what was written (e.g. translate.py --output)
+        if not is_disk_full(error):
+            raise
+        print("error: no space left on the device%s (%s free)" % (
+            " while writing %s" % error.filename if error.filename else "", free_space(error.filename or ".")),
+            file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -43,20 +87,67 @@ def run_cli(main):
 
 def atomic_write(path, text):
     """Writes text to path through a temporary file in the same directory and os.replace, so that a reader
-    (or a kill -9) sees either the old or the new file, never a torn one."""
+    (or a kill -9) sees either the old or the new file, never a torn one. A full disk is a DiskFull naming path,
+    with the old file (if any) untouched."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as error:
+        if tmp and os.path.exists(tmp):
             os.remove(tmp)
+        if is_disk_full(error):
+            raise DiskFull(path, path) from None
         raise
+
+
+#: The lock file of a logdir, held by the train.py that trains it (or avg_checkpoints.py while it writes the
+#: checkpoint index); it names that process.
+LOCK_NAME = "train.lock"
+
+
+@contextlib.contextmanager
+def logdir_lock(logdir, tool="train.py"):
+    """Holds an exclusive lock (fcntl.flock) on LOGDIR/train.lock while `tool` writes the logdir, so that two
+    processes never write one logdir: a second one is refused with a UserError naming the process that holds the
+    lock. The kernel releases the lock when the process ends however it ends (SIGKILL too), so a lock file left
+    behind never blocks a later run. Readers (test.py, translate.py, export.py) take no lock."""
+    path = os.path.join(logdir, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
+            raise UserError("%s is being written by %s: wait for it to end, stop it, or use another --logdir"
+                            % (logdir, holder)) from None
+        holder = "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(),
+                                                         time.strftime("%Y-%m-%d %H:%M:%S"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+        yield
+    except OSError as error:
+        if is_disk_full(error):
+            raise DiskFull(path, path) from None
+        raise
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def read_json(fpath, remedy):
+    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a UserError naming it,
+    what is wrong and `remedy`, what to do about it."""
+    try:
+        with open(fpath, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
+        raise UserError("%s is not valid JSON (%s): %s" % (fpath, str(error).splitlines()[0][:120], remedy)) from None
 
 
 def session_config(hp):
@@ -75,8 +166,11 @@ def load_hparams(path):
     fpath = os.path.join(path, "hparams.json")
     if not os.path.exists(fpath):
         raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, path))
-    with open(fpath, encoding="utf-8") as f:
-        return Namespace(**json.load(f))
+    saved = read_json(fpath, "it was damaged; restore it from a copy, or write it again with the flags the model "
+                             "was trained with (see %s/specs.txt for its shape)" % path)
+    if not isinstance(saved, dict):
+        raise UserError("%s is not valid JSON for hyperparameters (not an object): restore it from a copy" % fpath)
+    return Namespace(**saved)
 
 
 def merge_hparams(logdir, given):
@@ -92,17 +186,24 @@ def merge_hparams(logdir, given):
     return hp, conflicts
 
 
-def restore_hparams(argv):
-    """Hyperparameters of a trained model: LOGDIR/hparams.json with the flags given on the command line on top
-    (decoding, testing, data_dir). The model's shape always comes from hparams.json."""
-    given = explicit_flags(argv)
+def restore_hparams(argv, only=DECODING_FLAGS + ("testdir",), prog="test.py"):
+    """Hyperparameters of a trained model: LOGDIR/hparams.json with the flags given on the command line on top.
+    Only the flags in `only` (where the model is, how to decode) are accepted: the model's shape and the training
+    settings always come from hparams.json."""
+    given = explicit_flags(argv, only, prog)
     logdir = given.get("logdir", Hparams().parser.get_default("logdir"))
-    hp, conflicts = merge_hparams(logdir, given)
-    for flag, saved, asked in conflicts[:1]:
-        raise UserError("the model in %s has --%s %s (from its hparams.json); drop --%s %s"
-                        % (logdir, flag, saved, flag, asked))
+    hp, _ = merge_hparams(logdir, given)
+    check_ranges(hp, only)
     resolve_precision(hp)
     return hp
+
+
+def check_ranges(hp, flags=None):
+    """Raises a UserError naming the first flag of hp (of `flags`, default all) outside its range (see
+    hparams.RANGES): checked before anything is built."""
+    problem = range_error(hp, flags)
+    if problem:
+        raise UserError(problem)
 
 
 def resolve_precision(hp):
@@ -118,7 +219,7 @@ def resolve_precision(hp):
 def trained_model_files(hp, ckpt=""):
     """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
     checking that the data dir's vocabulary is the one the model was trained with."""
-    manifest = load_manifest(hp.data_dir)
+    manifest = load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir)
     check_vocab(hp, manifest, hp.trained_data_dir)
     return manifest, find_checkpoint(hp.logdir, ckpt)
 
@@ -151,10 +252,30 @@ def is_averaged(ckpt):
     return os.path.basename(ckpt).startswith(AVERAGED_PREFIX)
 
 
-def find_checkpoint(logdir, ckpt=""):
-    """The checkpoint to restore: ckpt if given, else the latest in logdir. A missing one is a UserError that
-    lists the checkpoints that do exist."""
+#: What follows a checkpoint's name in the names of its files (a user may pass --ckpt with one of them).
+CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
+
+
+def checkpoint_state(logdir):
+    """The CheckpointState of logdir's index file (LOGDIR/checkpoint), None if it has none. A damaged index is a
+    UserError naming the checkpoints in logdir (TensorFlow would return None, and training would start over)."""
+    index = os.path.join(logdir, "checkpoint")
+    if not os.path.exists(index):
+        return None
     state = tf1.train.get_checkpoint_state(logdir)
+    if state is None or not state.model_checkpoint_path:
+        names = sorted(name[:-len(".index")] for name in os.listdir(logdir) if name.endswith(".index"))
+        raise UserError("%s, the checkpoint index, is damaged: restore it from a copy, or replace it by the line "
+                        "model_checkpoint_path: \"NAME\" with NAME the newest of the checkpoints in %s (%s)"
+                        % (index, logdir, ", ".join(names) or "none"))
+    return state
+
+
+def find_checkpoint(logdir, ckpt=""):
+    """The checkpoint to restore: ckpt if given (the name of one of its files works too), else the latest in
+    logdir. A missing one is a UserError that lists the checkpoints that do exist."""
+    ckpt = CHECKPOINT_FILE_SUFFIX.sub("", ckpt)
+    state = checkpoint_state(logdir) if not ckpt else None
     ckpt = ckpt or (state.model_checkpoint_path if state else "")
     if not ckpt or not tf1.train.checkpoint_exists(ckpt):
         raise UserError("checkpoint %s not found; checkpoints in %s: %s"
@@ -164,7 +285,7 @@ def find_checkpoint(logdir, ckpt=""):
 
 def existing_checkpoints(logdir):
     """The checkpoints that logdir's index lists and whose files are there, comma-separated."""
-    state = tf1.train.get_checkpoint_state(logdir)
+    state = checkpoint_state(logdir)
     paths = state.all_model_checkpoint_paths if state else []
     return ", ".join(path for path in paths if tf1.train.checkpoint_exists(path))
 
@@ -209,37 +330,123 @@ def unreadable_reason(ckpt):
     return None
 
 
-def restore(sess, ckpt, logdir, saver=None):
+def restore(sess, ckpt, logdir, saver=None, follow_latest=False):
     """Restores every variable of the graph (or those of saver) from ckpt; OPTIONAL_VARIABLES that ckpt lacks are
-    initialized instead.
+    initialized instead. Returns the checkpoint restored: with follow_latest (ckpt was the latest, not one the user
+    named), the newest one when training deleted ckpt before it could be opened.
 
     A truncated or unreadable checkpoint, or one whose variables differ from the model built from hparams.json,
     is a UserError that says what is wrong and lists the checkpoints that exist.
     """
+    for _ in range(PIN_ATTEMPTS):
+        try:
+            restore_pinned(sess, ckpt, logdir, saver)
+            return ckpt
+        except CheckpointGone:
+            if not follow_latest:
+                raise
+            ckpt = find_checkpoint(logdir)
+    raise CheckpointGone(ckpt)
+
+
+#: How many checkpoints restore(follow_latest=True) tries while training keeps deleting them before they open.
+PIN_ATTEMPTS = 5
+
+
+class CheckpointGone(UserError):
+    """The checkpoint was deleted (training rotated it away, see --keep_checkpoints) before it could be opened."""
+
+    def __init__(self, ckpt):
+        super().__init__("checkpoint %s was deleted while it was being opened (training rotated it away, see "
+                         "--keep_checkpoints): run again to read the newest one" % ckpt)
+
+
+def restore_pinned(sess, ckpt, logdir, saver):
+    """restore() of one checkpoint, read through pinned_checkpoint."""
     existing = existing_checkpoints(logdir) or "none"
+    with pinned_checkpoint(ckpt) as path:
+        try:
+            difference = checkpoint_difference(path)
+            if difference:
+                raise UserError("%s does not match the model that %s/hparams.json describes: %s; checkpoints in "
+                                "%s: %s" % (ckpt, logdir, difference, logdir, existing))
+            saved = {name for name, _ in tf.train.list_variables(path)}
+            missing = [v for v in tf1.global_variables() if v.op.name not in saved]
+            if missing:  # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at initial values
+                sess.run(tf1.variables_initializer(missing))
+                saver = tf1.train.Saver([v for v in tf1.global_variables() if v not in missing])
+            (saver or tf1.train.Saver()).restore(sess, path)
+        except (tf.errors.OpError, ValueError) as error:
+            reason = unreadable_reason(path) or str(error).strip().splitlines()[0][:200]
+            raise UserError("cannot restore %s (%s); checkpoints in %s: %s"
+                            % (ckpt, reason, logdir, existing)) from None
+
+
+#: Prefix of the directories in which pinned_checkpoint links a checkpoint's files, followed by the reader's pid.
+PIN_PREFIX = ".reading-"
+
+
+@contextlib.contextmanager
+def pinned_checkpoint(ckpt):
+    """Yields the path of checkpoint ckpt through hard links to its files in a private directory beside them,
+    removed afterwards. While a logdir is being trained, the Saver deletes old checkpoints (--keep_checkpoints):
+    the links keep the files of the one being read alive until it has been read. Where links can not be made
+    (a read-only logdir, a file system without hard links), yields ckpt itself."""
+    directory, name = os.path.split(os.path.abspath(ckpt))
     try:
-        difference = checkpoint_difference(ckpt)
-        if difference:
-            raise UserError("%s does not match the model that %s/hparams.json describes: %s; checkpoints in %s: %s"
-                            % (ckpt, logdir, difference, logdir, existing))
-        saved = {name for name, _ in tf.train.list_variables(ckpt)}
-        missing = [v for v in tf1.global_variables() if v.op.name not in saved]
-        if missing:  # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at their initial value
-            sess.run(tf1.variables_initializer(missing))
-            saver = tf1.train.Saver([v for v in tf1.global_variables() if v not in missing])
-        (saver or tf1.train.Saver()).restore(sess, ckpt)
-    except (tf.errors.OpError, ValueError) as error:
-        reason = unreadable_reason(ckpt) or str(error).strip().splitlines()[0][:200]
-        raise UserError("cannot restore %s (%s); checkpoints in %s: %s" % (ckpt, reason, logdir, existing)) from None
+        pin = tempfile.mkdtemp(dir=directory, prefix="%s%d-" % (PIN_PREFIX, os.getpid()))
+    except OSError:
+        yield ckpt
+        return
+    try:
+        files = [path for path in glob.glob(glob.escape(ckpt) + ".*")
+                 if CHECKPOINT_FILE_SUFFIX.fullmatch(path[len(ckpt):])]
+        try:
+            for path in files:
+                os.link(path, os.path.join(pin, os.path.basename(path)))
+        except FileNotFoundError:
+            raise CheckpointGone(ckpt) from None
+        except OSError:
+            yield ckpt
+            return
+        if not os.path.exists(os.path.join(pin, name + ".index")):
+            if os.path.exists(ckpt + ".index") or os.path.exists(ckpt):  # not a V2 checkpoint: read in place
+                yield ckpt
+                return
+            raise CheckpointGone(ckpt)
+        yield os.path.join(pin, name)
+    finally:
+        shutil.rmtree(pin, ignore_errors=True)
 
 
-def load_manifest(data_dir):
-    """Reads data_dir/manifest.json, written last by prepro.py."""
+def remove_stale_pins(logdir):
+    """Deletes the pinned_checkpoint directories of readers that died before removing them (killed)."""
+    for path in glob.glob(os.path.join(glob.escape(logdir), PIN_PREFIX + "*")):
+        pid = os.path.basename(path)[len(PIN_PREFIX):].split("-")[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, OSError):  # not ours, or a process of another user: still alive
+            pass
+
+
+def load_manifest(data_dir, trained_data_dir=None, logdir=None):
+    """Reads data_dir/manifest.json, written last by prepro.py. trained_data_dir and logdir (a trained model's)
+    make the message for a missing one say where a relative data dir was looked for."""
     fpath = os.path.join(data_dir, "manifest.json")
     if not os.path.exists(fpath):
+        if data_dir == trained_data_dir and not os.path.isabs(data_dir):
+            raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative to the directory "
+                            "train.py ran in; run from there, or pass --data_dir" % (fpath, os.getcwd(), data_dir,
+                                                                                     logdir))
         raise UserError("%s not found: run `python prepro.py --data_dir %s` first" % (fpath, data_dir))
-    with open(fpath, encoding="utf-8") as f:
-        return json.load(f)
+    manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py --data_dir %s "
+                                "--force` and the options it was built with" % data_dir)
+    if not isinstance(manifest, dict) or "splits" not in manifest:
+        raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
+                        "--data_dir %s --force`" % (fpath, data_dir))
+    return manifest
 
 
 def split_paths(data_dir, manifest, split):
@@ -270,19 +477,62 @@ def postprocess(ids, sp):
     return texts
 
 
-def get_hypotheses(sess, init_op, ids_op, sents1_op, num_batches, sp, desc="translating"):
+def get_hypotheses(sess, init_op, ids_op, sents1_op, num_batches, sp, desc="translating", scores_op=None):
     """Translates a whole dataset, batch by batch, in order.
 
-    init_op initializes the iterator; ids_op gives (N, T) ids, sents1_op the (N,) source strings.
-    An empty source line gets an empty hypothesis. Returns a list of strings, one per source line.
+    init_op initializes the iterator; ids_op gives (N, T) ids, sents1_op the (N,) source strings, scores_op (if
+    given) the (N,) scores of the translations. An empty source line gets an empty hypothesis.
+    Returns a list of strings, one per source line. Raises FloatingPointError when a score is not finite: the
+    model's log-probabilities overflowed, although its weights may be finite.
     """
     sess.run(init_op)
     hypotheses = []
-    for _ in tqdm(range(num_batches), desc=desc, leave=False, disable=None):
-        ids, sents1 = sess.run([ids_op, sents1_op])
+    progress = Progress(num_batches, desc, unit="batches")
+    for batch in range(num_batches):
+        ids, sents1, *scores = sess.run([ids_op, sents1_op] + ([scores_op] if scores_op is not None else []))
+        if scores and not np.isfinite(scores[0]).all():
+            progress.close()
+            raise FloatingPointError("%s: decoding scores are not finite (batch %d of %d)"
+                                     % (desc, batch + 1, num_batches))
         texts = postprocess(ids, sp)
         hypotheses.extend("" if not s.strip() else t for s, t in zip(sents1, texts))
+        progress.update()
+    progress.close()
     return hypotheses
+
+
+#: Seconds between two progress lines of a long loop whose standard error is not a terminal (see Progress).
+PROGRESS_SECONDS = 60
+
+
+class Progress:
+    """Progress of a long loop: a tqdm bar on standard error when it is a terminal; otherwise (a log file, a pipe,
+    nohup, a batch job) a line `DESC: DONE/TOTAL UNIT (P%), S s[, POSTFIX]` on `out` every PROGRESS_SECONDS, so
+    that a log shows the run is alive and how far it is."""
+
+    def __init__(self, total, desc, initial=0, unit="steps", out=None):
+        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=None, leave=False)
+        self.total, self.desc, self.done, self.unit, self.out = total, desc, initial, unit, out
+        self.start = self.last_line = time.time()
+        self.postfix = ""
+
+    def update(self, **postfix):
+        """One more unit done; postfix: values to show (e.g. loss="2.31")."""
+        self.done += 1
+        self.bar.update(1)
+        if postfix:
+            self.bar.set_postfix(**postfix)
+            self.postfix = ", ".join("%s %s" % item for item in postfix.items())
+        now = time.time()
+        if self.bar.disable and now - self.last_line >= PROGRESS_SECONDS:
+            self.last_line = now
+            print("%s: %d/%d %s (%.0f%%), %.0f s%s" % (
+                self.desc, self.done, self.total, self.unit, 100.0 * self.done / max(self.total, 1),
+                now - self.start, ", " + self.postfix if self.postfix else ""), file=self.out or sys.stdout,
+                flush=True)
+
+    def close(self):
+        self.bar.close()
 
 
 def read_lines(fpath):
@@ -295,6 +545,8 @@ def calc_bleu(references, hypotheses):
     """sacreBLEU over detokenized, cased text. Returns (score, signature string)."""
     if len(references) != len(hypotheses):
         raise ValueError("%d references but %d hypotheses" % (len(references), len(hypotheses)))
+    if not references:  # sacreBLEU has no signature before it scores something
+        return 0.0, "no sentences"
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hypotheses, [references]).score
     return (0.0 if math.isnan(score) else score), str(bleu.get_signature())

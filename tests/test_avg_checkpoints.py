@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
+from model import SCHEDULE_TOTAL_STEPS
 from model_fixtures import build, small_hp
 from utils import UserError, find_checkpoint, restore
 
@@ -34,6 +35,7 @@ def save_known_checkpoints(logdir, model, seeds_and_steps):
     Returns the {name: value} of each."""
     graph, variables, _ = model
     saved = []
+    os.makedirs(logdir, exist_ok=True)
     with graph.as_default(), tf1.Session() as sess:
         saver = tf1.train.Saver(max_to_keep=5, save_relative_paths=True)
         state = tf1.train.get_checkpoint_state(logdir)

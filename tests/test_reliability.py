@@ -5,7 +5,10 @@ deterministic for a seed.
 train.py and test.py run in subprocesses, as a user runs them; graphs are built in-process where only their
 numbers matter.
 """
+import errno
 import fcntl
+import glob
+import gzip
 import json
 import os
 import pty
@@ -28,7 +31,10 @@ import tensorflow as tf
 
 import distributed
 import prepro
+import test as test_cli
 import train
+import translate
+import utils
 from utils import atomic_write, calc_bleu, read_lines, session_config
 
 tf1 = tf.compat.v1
@@ -341,7 +347,7 @@ def test_a_non_finite_loss_stops_without_saving(trained, tmp_path):
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
     good = tf.train.latest_checkpoint(str(logdir))
-    code, out, err = run("train.py", "--logdir", logdir, "--lr", "1e9", "--max_steps", "100")
+    code, out, err = run("train.py", "--logdir", logdir, "--lr", "1e9", "--max_steps", "100", "--lr_schedule", "noam")
     line = assert_one_error_line(code, err, "stopped without saving, the last good checkpoint is %s" % good,
                                  "Try a lower --lr, a longer --warmup_steps")
     step = int(re.search(r"loss is nan at step (\d+) \(epoch \d+\)", line).group(1))
@@ -372,8 +378,9 @@ def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
         weight = tf1.trainable_variables()[0]
         sess.run(tf1.assign(weight, tf.fill(tf.shape(weight), np.nan)))
         already_stopped = SimpleNamespace(signal="SIGINT")
+        no_budget = SimpleNamespace(last_step=lambda: float("inf"), deadline=float("inf"))
         with pytest.raises(FloatingPointError, match="weights are not finite after step 0"):
-            train.train_epoch(sess, g, 0, 0, None, already_stopped, train.Budget(sess, g, hp, float("inf")))
+            train.train_epoch(sess, g, 0, 0, None, already_stopped, no_budget)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -413,7 +420,8 @@ def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained
                           "pass the --data_dir it was trained on (%s)" % data_dir)
     assert_one_error_line(*vocab_pieces[::2], "BPE vocabulary of %s has the model's size 300 but other pieces"
                           % other_pieces, "(%s)" % data_dir)
-    assert_one_error_line(*d_model[::2], "has --d_model 32 (from its hparams.json); drop --d_model 64")
+    assert_one_error_line(*d_model[::2], "unrecognized arguments: --d_model 64",
+                          "the model's shape and training flags come from LOGDIR/hparams.json")
     assert_one_error_line(*missing[::2], "checkpoint %s not found; checkpoints in %s: %s"
                           % (trained / "E09-99", trained, good))
     for result in truncated_test, truncated_train:
@@ -495,3 +503,421 @@ def test_the_same_seed_gives_the_same_first_20_losses(data_dir, tmp_path):
     first, again = first_losses(data_dir, tmp_path), first_losses(data_dir, tmp_path)
     assert len(first) == 20 and first == again
     assert first_losses(data_dir, tmp_path, seed=99) != first
+
+
+# ------------------------------------------------------------------------------------------------
+# One train.py per logdir; readers of a logdir being trained
+
+
+@pytest.mark.slow
+def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, tmp_path):
+    """The first train.py holds LOGDIR/train.lock: a second one is refused with the first one's pid and writes
+    nothing; test.py reads the logdir meanwhile, while every epoch (two steps) rotates the only kept checkpoint
+    away; after the first is killed with SIGKILL, the lock is free again."""
+    logdir = tmp_path / "run"
+    args = ["--data_dir", data_dir, "--logdir", logdir, *TINY_MODEL, "--batch_type", "sentences",
+            "--batch_size", str(TRAIN_PAIRS // 2), "--eval_every", "100000", "--num_epochs", "100000",
+            "--keep_checkpoints", "1", "--lr_schedule", "noam"]
+    with Training(*args) as first:
+        first.wait_for_stdout(r"^epoch \d+ \| step")
+        before = {path.name: path.stat().st_mtime for path in logdir.iterdir() if path.name == "hparams.json"}
+        code, out, err = run("train.py", *args[:4], "--d_model", "64", "--max_steps", "3")
+        assert_one_error_line(code, err, "%s is being written by train.py process %d" % (logdir, first.process.pid),
+                              "wait for it to end, stop it, or use another --logdir")
+        assert {path.name: path.stat().st_mtime for path in logdir.iterdir() if path.name == "hparams.json"} == before
+        code, out, err = run("test.py", "--logdir", logdir, "--testdir", tmp_path / "test")
+        assert code == 0, err
+        assert first.process.poll() is None, "the first train.py ended"
+        first.process.kill()
+        assert first.finish()[0] == -signal.SIGKILL
+    step = checkpoint_step(tf.train.latest_checkpoint(str(logdir)))
+    code, out, err = run("train.py", "--logdir", logdir, "--max_steps", step + 2)
+    assert code == 0, err
+    assert "done: step %d" % (step + 2) in out
+    assert not [name for name in os.listdir(logdir) if name.startswith(".reading-")]
+
+
+def test_the_logdir_lock_refuses_a_second_writer_and_is_released_after(trained, tmp_path):
+    import avg_checkpoints
+    logdir = copy_logdir(trained, tmp_path / "run")
+    with utils.logdir_lock(str(logdir)):
+        with pytest.raises(utils.UserError, match="%s is being written by train.py process %d on "
+                                                  % (re.escape(str(logdir)), os.getpid())):
+            avg_checkpoints.main(["--logdir", str(logdir), "--last", "1"])
+    assert avg_checkpoints.main(["--logdir", str(logdir), "--last", "1"]) == 0
+
+
+def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained, tmp_path, monkeypatch):
+    """restore() reads through hard links, so a checkpoint the Saver rotates away in the middle of a restore (here:
+    its files are deleted before the variables are read) still restores whole."""
+    logdir = copy_logdir(trained, tmp_path / "run")
+    ckpt = tf.train.latest_checkpoint(str(logdir))
+    expected = read_checkpoint(ckpt)["shared_weight_matrix/weight_mat"]
+    real_restore = tf1.train.Saver.restore
+
+    def rotated_away_first(saver, sess, path):
+        for name in glob.glob(ckpt + ".*"):
+            os.remove(name)
+        return real_restore(saver, sess, path)
+
+    monkeypatch.setattr(tf1.train.Saver, "restore", rotated_away_first)
+    hp = utils.restore_hparams(["--logdir", str(logdir)])
+    with tf.Graph().as_default():
+        from model import Transformer
+        Transformer(hp).translate((tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]),
+                                   tf1.placeholder(tf.string, [None])))
+        with tf1.Session() as sess:
+            assert utils.restore(sess, ckpt, str(logdir)) == ckpt
+            weights = sess.run(next(v for v in tf1.global_variables() if v.op.name.startswith("shared_weight")))
+            np.testing.assert_array_equal(weights, expected)
+            assert not glob.glob(ckpt + ".*") and not glob.glob(str(logdir / ".reading-*"))
+            # The latest checkpoint, gone before it could be opened: the newest one instead, unless it was named.
+            monkeypatch.setattr(tf1.train.Saver, "restore", real_restore)
+            newest = str(tmp_path / "trained" / Path(ckpt).name)
+            copy_logdir(trained, tmp_path / "trained")
+            assert utils.restore(sess, ckpt, str(tmp_path / "trained"), follow_latest=True) == newest
+            with pytest.raises(utils.CheckpointGone, match="was deleted while it was being opened"):
+                utils.restore(sess, ckpt, str(tmp_path / "trained"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Flag ranges
+
+
+BAD_TRAIN_FLAGS = [
+    (["--dropout_rate", "1.5"], "--dropout_rate 1.5 is out of range: it must be at least 0 and below 1"),
+    (["--dropout_rate", "-0.5"], "--dropout_rate -0.5 is out of range"),
+    (["--dropout_rate", "1.0"], "--dropout_rate 1.0 is out of range"),
+    (["--lr", "-1"], "--lr -1.0 is out of range: it must be above 0"),
+    (["--lr", "nan"], "--lr nan is out of range"),
+    (["--maxlen1", "0"], "--maxlen1 0 is out of range: it must be at least 2"),
+    (["--batch_size", "0"], "--batch_size 0 is out of range: it must be at least 1"),
+    (["--batch_size", "3"], "--batch_size 3 tokens cannot hold a pair of --maxlen1 100 / --maxlen2 100 pieces"),
+    (["--num_heads", "0"], "--num_heads 0 is out of range: it must be at least 1"),
+    (["--num_heads", "3"], "--num_heads 3 must divide --d_model 32"),
+    (["--warmup_steps", "0"], "--warmup_steps 0 is out of range: it must be at least 1"),
+    (["--test_batch_size", "0"], "--test_batch_size 0 is out of range: it must be at least 1"),
+    (["--beam_size", "0"], "--beam_size 0 is out of range: it must be at least 1"),
+    (["--max_len_b", "0"], "--max_len_b 0 is out of range: it must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_TRAIN_FLAGS, ids=[" ".join(flags) for flags, _ in BAD_TRAIN_FLAGS])
+def test_an_out_of_range_flag_is_refused_before_anything_is_built(data_dir, tmp_path, flags, message):
+    args = ["--data_dir", str(data_dir), "--logdir", str(tmp_path / "run"), *TINY_MODEL, *flags]
+    with pytest.raises(utils.UserError, match=re.escape(message)):
+        train.resolve_hparams(args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_of_range_flags_are_one_line_in_every_tool(trained):
+    code, _, err = run("train.py", "--logdir", trained, "--dropout_rate", "1.5")
+    assert_one_error_line(code, err, "--dropout_rate 1.5 is out of range")
+    code, _, err = run("test.py", "--logdir", trained, "--beam_size", "0")
+    assert_one_error_line(code, err, "--beam_size 0 is out of range: it must be at least 1")
+    code, _, err = run("translate.py", "--logdir", trained, "--nbest", "0", "eins")
+    assert_one_error_line(code, err, "--nbest 0 is out of range: it must be at least 1")
+    code, _, err = run("export.py", "--logdir", trained, "--export_dir", trained / "x", "--beam_size", "0")
+    assert_one_error_line(code, err, "--beam_size 0 is out of range")
+
+
+# ------------------------------------------------------------------------------------------------
+# Empty splits
+
+
+def test_prepro_refuses_an_empty_dev_or_test_split(tmp_path, capsys):
+    corpus = prepro.numbers_corpus(300, 5, 5, seed=1)
+    pairs = {split: list(zip(*corpus[split])) for split in ("train", "eval", "test")}
+    for split, name in ("eval", "dev"), ("test", "test"):
+        args = write_files_corpus(tmp_path / split, {**pairs, split: [("", "")]})
+        (tmp_path / split / ("%s.1" % split)).write_bytes(b"")
+        (tmp_path / split / ("%s.2" % split)).write_bytes(b"")
+        assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 1
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "the %s split is empty (--%s1 %s" % (name, split, tmp_path / split) in error
+        assert not (tmp_path / "data" / "manifest.json").exists()
+
+
+def test_train_refuses_a_training_set_that_the_length_limits_empty(tmp_path):
+    """Every training source has 4 words or more, so --maxlen1 3 (two pieces and </s>) leaves no pair."""
+    corpus = prepro.numbers_corpus(600, 5, 5, seed=1)
+    long_pairs = [pair for pair in zip(*corpus["train"]) if min(len(side.split()) for side in pair) >= 4]
+    args = write_files_corpus(tmp_path / "in", {"train": long_pairs, "eval": list(zip(*corpus["eval"])),
+                                                "test": list(zip(*corpus["test"]))})
+    assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 0
+    with pytest.raises(utils.UserError, match=r"no training pairs left: all %d pairs of .* are longer than "
+                                              r"--maxlen1 3 / --maxlen2 100 pieces" % len(long_pairs)):
+        train.main(["--data_dir", str(tmp_path / "data"), "--logdir", str(tmp_path / "run"), *TINY_MODEL,
+                    "--maxlen1", "3", "--batch_size", "2000"])
+    assert not (tmp_path / "run" / "hparams.json").exists()
+
+
+def emptied_split(data_dir, target, split):
+    """A copy of data_dir whose split `split` has no lines (as prepro wrote before it refused empty splits)."""
+    shutil.copytree(data_dir, target)
+    for name in ("%s.1" % split, "%s.2" % split, "%s.1.bpe" % split, "%s.2.bpe" % split):
+        (target / name).write_bytes(b"")
+    return target
+
+
+def test_empty_dev_and_test_splits_of_an_old_data_dir_are_one_line(data_dir, trained, tmp_path):
+    assert calc_bleu([], [])[0] == 0.0
+    no_dev = emptied_split(data_dir, tmp_path / "no_dev", "eval")
+    with pytest.raises(utils.UserError, match="the dev split of %s is empty" % re.escape(str(no_dev))):
+        train.main(["--data_dir", str(no_dev), "--logdir", str(tmp_path / "run"), *TINY_MODEL])
+    no_test = emptied_split(data_dir, tmp_path / "no_test", "test")
+    with pytest.raises(utils.UserError, match="the test split of %s is empty" % re.escape(str(no_test))):
+        test_cli.main(["--logdir", str(trained), "--data_dir", str(no_test)])
+
+
+# ------------------------------------------------------------------------------------------------
+# prepro --force
+
+
+def test_a_failed_force_rebuild_leaves_the_old_data_dir_usable(tmp_path, capsys):
+    data = tmp_path / "data"
+    small = ["--n_train", "300", "--n_eval", "5", "--n_test", "5", "--data_dir", str(data)]
+    assert prepro.main([*small, "--vocab_size", "100"]) == 0
+    before = {path.name: path.read_bytes() for path in data.iterdir()}
+    assert prepro.main([*small, "--vocab_size", "100000", "--force"]) == 1  # more pieces than the corpus has
+    assert "vocab" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in data.iterdir()} == before
+    assert utils.load_manifest(str(data))["vocab_size"] == 100
+    assert prepro.main([*small, "--vocab_size", "120", "--force"]) == 0
+    assert utils.load_manifest(str(data))["vocab_size"] == 120 and set(os.listdir(data)) == set(before)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bounded decoding
+
+
+def nan_decoder(cache_len, vocab_size=8):
+    """A step function that gives NaN logits and writes each step into a cache of fixed length cache_len, as the
+    model's cached decoder does (a step past the cache is an InvalidArgumentError)."""
+    def step_fn(tokens, step, cache):
+        rows = tf.range(tf.shape(cache)[0])
+        at = tf.stack([rows, tf.fill(tf.shape(rows), step)], 1)
+        cache = tf.tensor_scatter_nd_update(cache, at, tf.cast(tokens, tf.float32))
+        return tf.fill([tf.shape(tokens)[0], vocab_size], np.nan), cache
+    return step_fn
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_decoding_stops_at_its_length_limit_whatever_the_log_probabilities(beam_size):
+    from model import beam_search, greedy_search
+    max_steps = np.array([4, 7], np.int32)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        cache = tf.zeros([2 * beam_size, 7])
+        if beam_size == 1:
+            ids, _ = greedy_search(nan_decoder(7), cache, tf.constant(max_steps), alpha=0.6)
+        else:
+            ids, _ = beam_search(nan_decoder(7), cache, tf.constant(max_steps), beam_size, alpha=0.6)
+            ids = ids[:, 0]
+        ids = sess.run(ids)
+    assert ids.shape[1] <= 7
+    if beam_size == 1:  # every sentence ends with </s> at its limit
+        assert [list(row).index(3) + 1 for row in ids] == list(max_steps)
+
+
+@pytest.mark.slow
+def test_non_finite_dev_scores_with_finite_weights_stop_without_saving(trained, tmp_path, monkeypatch):
+    """Weights near float32's limit are finite, but the logits overflow: the dev decode ends (bounded) and its
+    scores are not finite, which train.py treats like non-finite weights."""
+    logdir = copy_logdir(trained, tmp_path / "run")
+    good = tf.train.latest_checkpoint(str(logdir))
+    before = sorted(os.listdir(logdir))
+    real_evaluate = train.evaluate
+
+    def evaluate_with_huge_weights(sess, g, *args):
+        for variable in tf1.trainable_variables():
+            sess.run(variable.assign(variable * 1e36))
+        assert sess.run(g["weights_finite"])
+        return real_evaluate(sess, g, *args)
+
+    monkeypatch.setattr(train, "evaluate", evaluate_with_huge_weights)
+    with pytest.raises(utils.UserError, match="dev: decoding scores are not finite .*; stopped without saving, "
+                                              "the last good checkpoint is %s" % re.escape(good)):
+        train.main(["--logdir", str(logdir), "--max_steps", "17", "--lr_schedule", "noam"])
+    assert tf.train.latest_checkpoint(str(logdir)) == good
+    assert [name for name in sorted(os.listdir(logdir)) if name not in before
+            and not name.startswith("events.out.tfevents")] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Broken JSON files
+
+
+def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_path):
+    broken_hparams = copy_logdir(trained, tmp_path / "hparams")
+    text = (broken_hparams / "hparams.json").read_text()
+    (broken_hparams / "hparams.json").write_text(text[:len(text) // 2])
+    for main in (train.main, test_cli.main, lambda argv: translate.main(argv + ["eins"])):
+        with pytest.raises(utils.UserError, match="%s is not valid JSON" % re.escape(
+                str(broken_hparams / "hparams.json"))):
+            main(["--logdir", str(broken_hparams)])
+
+    broken_data = tmp_path / "data"
+    shutil.copytree(data_dir, broken_data)
+    (broken_data / "manifest.json").write_text("not json\n")
+    for main in (train.main, test_cli.main):
+        with pytest.raises(utils.UserError, match="%s is not valid JSON .*prepro.py --data_dir %s --force" % (
+                re.escape(str(broken_data / "manifest.json")), re.escape(str(broken_data)))):
+            main(["--logdir", str(trained), "--data_dir", str(broken_data)])
+
+    broken_index = copy_logdir(trained, tmp_path / "index")
+    before = sorted(os.listdir(broken_index))
+    (broken_index / "checkpoint").write_text("model_checkpoint_path: \"E01")
+    good = Path(tf.train.latest_checkpoint(str(trained))).name
+    code, _, err = run("train.py", "--logdir", broken_index, "--max_steps", "30")
+    assert_one_error_line(code, err, "%s, the checkpoint index, is damaged" % (broken_index / "checkpoint"), good)
+    assert sorted(os.listdir(broken_index)) == before  # never a fresh start over the old checkpoints
+    with pytest.raises(utils.UserError, match="the checkpoint index, is damaged"):
+        test_cli.main(["--logdir", str(broken_index)])
+
+
+# ------------------------------------------------------------------------------------------------
+# A full disk
+
+
+def enospc():
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def assert_whole_events_files(logdir):
+    for path in logdir.glob("events.out.tfevents.*"):
+        assert train.whole_records_size(str(path)) == path.stat().st_size, path
+        list(tf1.train.summary_iterator(str(path)))  # reads to the end without a DataLossError
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_good_one(trained, tmp_path, monkeypatch):
+    """ENOSPC injected into the Saver after it wrote part of the checkpoint's files."""
+    logdir = copy_logdir(trained, tmp_path / "run")
+    good = tf.train.latest_checkpoint(str(logdir))
+
+    def save_on_a_full_disk(saver, sess, prefix, global_step, **kwargs):
+        path = "%s-%d" % (prefix, sess.run(global_step))
+        Path(path + ".data-00000-of-00001.tempstate123").write_bytes(b"half")
+        os.makedirs(path + "_temp")
+        raise tf.errors.ResourceExhaustedError(None, None, "%s_temp/part-00000-of-00001.data-00000-of-00001; No "
+                                                           "space left on device" % path)
+
+    monkeypatch.setattr(tf1.train.Saver, "save", save_on_a_full_disk)
+    before = set(os.listdir(logdir))
+    with pytest.raises(utils.UserError) as error:
+        train.main(["--logdir", str(logdir), "--max_steps", "30", "--lr_schedule", "noam"])
+    message = str(error.value)
+    assert re.match(r"no space left on the device while writing the checkpoint E02_L[\d.]+_B[\d.]+-30 \([\d.]+ MB "
+                    r"free on %s\); removed what was half-written, the last good checkpoint %s is untouched"
+                    % (re.escape(str(logdir)), re.escape(good)), message), message
+    assert tf.train.latest_checkpoint(str(logdir)) == good
+    new = set(os.listdir(logdir)) - before
+    assert all(name.startswith("events.out.tfevents") or name == "test" for name in new), new
+    assert_whole_events_files(logdir)
+    assert_finite(read_checkpoint(good))
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_dev_hypotheses_are_written_leaves_no_partial_file(trained, tmp_path, monkeypatch):
+    """ENOSPC injected where the kernel reports it for a buffered write: at fsync of the dev hypothesis file."""
+    logdir = copy_logdir(trained, tmp_path / "run")
+    good = tf.train.latest_checkpoint(str(logdir))
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if "%sdev%s" % (os.sep, os.sep) in os.readlink("/proc/self/fd/%d" % fd):
+            raise enospc()
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(utils.UserError, match=r"no space left on the device while writing %s \([\d.]+ MB free on "
+                                              r"%s\); removed what was half-written, the last good checkpoint %s "
+                                              r"is untouched" % (re.escape(str(logdir / "dev" / "epoch02.txt")),
+                                                                 re.escape(str(logdir / "dev")), re.escape(good))):
+        train.main(["--logdir", str(logdir), "--max_steps", "30", "--lr_schedule", "noam"])
+    assert sorted(os.listdir(logdir / "dev")) == ["epoch01.txt"]
+    assert tf.train.latest_checkpoint(str(logdir)) == good
+    assert_whole_events_files(logdir)
+
+
+def test_a_torn_events_record_is_cut_off(tmp_path):
+    path = tmp_path / "events.out.tfevents.1"
+    with tf1.python_io.TFRecordWriter(str(path)) as writer:
+        writer.write(b"a whole record")
+    whole = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(struct.pack("<Q", 100) + b"\0" * 20)  # a record whose write stopped early
+    assert train.whole_records_size(str(path)) == whole
+
+
+# ------------------------------------------------------------------------------------------------
+# Messages
+
+
+def test_prepro_reads_gzipped_files_and_names_a_directory(tmp_path, capsys):
+    corpus = prepro.numbers_corpus(300, 5, 5, seed=1)
+    args = write_files_corpus(tmp_path / "in", {split: list(zip(*corpus[split]))
+                                                for split in ("train", "eval", "test")})
+    gzipped = []
+    for arg in map(str, args):
+        if os.path.isfile(arg):
+            with open(arg, "rb") as f, gzip.open(arg + ".gz", "wb") as out:
+                out.write(f.read())
+            arg += ".gz"
+        gzipped.append(arg)
+    assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "plain")]) == 0
+    assert prepro.main([*gzipped, "--vocab_size", "100", "--data_dir", str(tmp_path / "gz")]) == 0
+    for name in ("train.1", "test.2.bpe", "bpe.vocab"):
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "gz" / name).read_bytes()
+    capsys.readouterr()
+    directory = [str(tmp_path / "in") if arg.endswith("train.1") else arg for arg in map(str, args)]
+    assert prepro.main([*directory, "--data_dir", str(tmp_path / "dir")]) == 1
+    assert capsys.readouterr().err == "prepro.py: error: %s is a directory, not a file (--train1)\n" % (tmp_path / "in")
+
+
+def test_checkpoint_file_names_and_relative_data_dirs(trained, tmp_path, monkeypatch):
+    ckpt = tf.train.latest_checkpoint(str(trained))
+    for suffix in (".index", ".data-00000-of-00001", ""):
+        assert utils.find_checkpoint(str(trained), ckpt + suffix) == ckpt
+    logdir = copy_logdir(trained, tmp_path / "run")
+    hparams = json.loads((logdir / "hparams.json").read_text())
+    (logdir / "hparams.json").write_text(json.dumps({**hparams, "data_dir": "data/numbers_rel"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(utils.UserError, match="not found from %s: the data dir data/numbers_rel in %s/hparams.json "
+                                              "is relative to the directory train.py ran in; run from there, or "
+                                              "pass --data_dir" % (re.escape(str(tmp_path)), re.escape(str(logdir)))):
+        test_cli.main(["--logdir", str(logdir)])
+
+
+def test_test_py_and_translate_py_take_only_their_flags(trained):
+    code, out, err = run("test.py", "--help")
+    assert code == 0 and "--beam_size" in out and "--testdir" in out
+    assert "--lr " not in out and "--d_model" not in out and "--dropout_rate" not in out
+    code, _, err = run("translate.py", "--logdir", trained, "--lr", "0.1", "eins")
+    assert_one_error_line(code, err, "unrecognized arguments: --lr", "see translate.py --help")
+
+
+@pytest.mark.slow
+def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tmp_path, capsys):
+    logdir = copy_logdir(trained, tmp_path / "run")
+    before = sorted(os.listdir(logdir))
+    assert train.main(["--logdir", str(logdir)]) == 0
+    out = capsys.readouterr().out
+    assert ("nothing to do: %s is at step 15 (1 epochs done), where its --lr_schedule linear decayed to 0 at step 15 "
+            "ends training; to train longer, start a new --logdir, or resume with --lr_schedule noam" % logdir) in out
+    assert sorted(os.listdir(logdir)) == before
+    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "16",
+                       "--eval_every", "0"]) == 0
+    assert "done: step 16" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_progress_lines_when_the_output_is_not_a_terminal(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
+    assert test_cli.main(["--logdir", str(trained), "--testdir", str(tmp_path / "test")]) == 0
+    assert re.search(r"^test: 1/1 batches \(100%\), \d+ s$", capsys.readouterr().out, re.M)
+    logdir = copy_logdir(trained, tmp_path / "run")
+    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "17"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^epoch 2: 1/15 batches \(7%\), \d+ s, loss [\d.]+, tok_s \d+$", out, re.M), out
+    assert re.search(r"^epoch 2: 2/15 batches", out, re.M)

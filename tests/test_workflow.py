@@ -32,8 +32,9 @@ def test_prepro_train_resume_test(data_dir, tmp_path, capsys):
     saved = json.load(open(os.path.join(logdir, "hparams.json")))
     assert saved["d_model"] == 32 and saved["vocab_size"] == 200
 
-    # Started again with only the logdir: the saved flags come back, and training goes on from step 12.
-    assert train.main(["--logdir", logdir, "--max_steps", "20"]) == 0
+    # Started again with only the logdir: the saved flags come back, and training goes on from step 12 (the linear
+    # schedule ended at step 12: Noam, which has no end, goes on).
+    assert train.main(["--logdir", logdir, "--max_steps", "20", "--lr_schedule", "noam"]) == 0
     second = capsys.readouterr().out
     assert "at step 12, epoch 1" in second and "done: step 20" in second
 
