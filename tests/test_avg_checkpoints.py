@@ -46,7 +46,7 @@ def save_known_checkpoints(logdir, model, seeds_and_steps):
             values = {name: rng.uniform(-1, 1, v.shape.as_list()).astype(np.float32)
                       for name, v in variables.items() if v.dtype.base_dtype == tf.float32}
             values.update(global_step=np.int64(step), training_state=np.array([step, step + 1], np.int64),
-                          lr_schedule_total_steps=np.int64(100 * step))
+                          **{SCHEDULE_TOTAL_STEPS: np.int64(100 * step)})
             for name, value in values.items():
                 variables[name].load(value, sess)
             saver.save(sess, os.path.join(logdir, "E%02d" % step), global_step=step, write_meta_graph=False)
