@@ -996,8 +996,8 @@ def main(argv=None):
         splits, sources, downloads = load_corpus(args, options, data_dir)
         manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force)
     except (PrepError, OSError) as error:
-        print(f"prepro.py: error: {error}", file=sys.stderr)
-        return 1
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"prepro.py: interrupted; {data_dir} has no new manifest, run again to finish", file=sys.stderr)
         return 130

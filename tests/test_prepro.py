@@ -282,7 +282,7 @@ def test_windows_line_endings_and_missing_final_newline():
 def test_different_line_counts(tmp_path, capsys):
     paths = toy_corpus(tmp_path / "in")
     paths["eval2"].write_text("only one line\n", encoding="utf-8")
-    assert run_prepro(*files_args(paths), "--data_dir", tmp_path / "data") == 1
+    assert run_prepro(*files_args(paths), "--data_dir", tmp_path / "data") == 2
     error = capsys.readouterr().err
     assert f"{paths['eval1']} has 6 lines but {paths['eval2']} has 1" in error
 
@@ -290,7 +290,7 @@ def test_different_line_counts(tmp_path, capsys):
 def test_invalid_utf8_names_file_and_line(tmp_path, capsys):
     paths = toy_corpus(tmp_path / "in")
     paths["test2"].write_bytes(b"fine\nalso fine\nbroken \xff here\n")
-    assert run_prepro(*files_args(paths), "--data_dir", tmp_path / "data") == 1
+    assert run_prepro(*files_args(paths), "--data_dir", tmp_path / "data") == 2
     error = capsys.readouterr().err
     assert f"{paths['test2']}: line 3 is not valid UTF-8" in error
 
@@ -298,13 +298,13 @@ def test_invalid_utf8_names_file_and_line(tmp_path, capsys):
 def test_missing_file(tmp_path, capsys):
     paths = toy_corpus(tmp_path / "in")
     paths["train2"] = tmp_path / "nowhere.en"
-    assert run_prepro(*files_args(paths), "--data_dir", tmp_path / "data") == 1
+    assert run_prepro(*files_args(paths), "--data_dir", tmp_path / "data") == 2
     assert f"file not found: {tmp_path / 'nowhere.en'} (--train2)" in capsys.readouterr().err
 
 
 def test_vocab_size_too_large(tmp_path, capsys):
     paths = toy_corpus(tmp_path / "in")
-    assert run_prepro(*files_args(paths), "--vocab_size", "50000", "--data_dir", tmp_path / "data") == 1
+    assert run_prepro(*files_args(paths), "--vocab_size", "50000", "--data_dir", tmp_path / "data") == 2
     error = capsys.readouterr().err
     assert "--vocab_size 50000 is too large for this training corpus: use --vocab_size" in error
     assert not (tmp_path / "data" / "manifest.json").exists()
@@ -316,7 +316,7 @@ def test_existing_data_dir_with_other_options(numbers_dir, capsys):
     assert "up to date" in capsys.readouterr().out
     assert before == {path.name: path.stat().st_mtime_ns for path in numbers_dir.iterdir()}
 
-    assert run_prepro("--data_dir", numbers_dir, *SMALL_NUMBERS[:-1], "400") == 1
+    assert run_prepro("--data_dir", numbers_dir, *SMALL_NUMBERS[:-1], "400") == 2
     error = capsys.readouterr().err
     assert "built from other inputs or options (vocab_size 300 -> 400)" in error and "--force" in error
     assert read_manifest(numbers_dir)["vocab_size"] == 300
@@ -325,7 +325,7 @@ def test_existing_data_dir_with_other_options(numbers_dir, capsys):
 def test_force_rebuilds(tmp_path):
     data_dir = tmp_path / "data"
     assert run_prepro("--data_dir", data_dir, *SMALL_NUMBERS) == 0
-    assert run_prepro("--data_dir", data_dir, "--seed", "9", *SMALL_NUMBERS) == 1
+    assert run_prepro("--data_dir", data_dir, "--seed", "9", *SMALL_NUMBERS) == 2
     assert run_prepro("--data_dir", data_dir, "--seed", "9", "--force", *SMALL_NUMBERS) == 0
     assert read_manifest(data_dir)["options"]["seed"] == 9
 
@@ -335,7 +335,7 @@ def test_errors_are_one_line_without_traceback(tmp_path):
     paths["train2"].write_text("one\ntwo\n", encoding="utf-8")
     result = subprocess.run([sys.executable, str(REPO_ROOT / "prepro.py"), *map(str, files_args(paths)),
                              "--data_dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "has 2" in result.stderr
 
@@ -359,7 +359,7 @@ def test_multi30k_download(http_root, tmp_path, capsys):
     data_dir = tmp_path / "data"
     args = ["--dataset", "multi30k", "--url", f"{base_url}/m30k", "--vocab_size", "80", "--data_dir", data_dir]
 
-    assert run_prepro(*args) == 1
+    assert run_prepro(*args) == 2
     error = capsys.readouterr().err
     assert f"{base_url}/m30k/train.de.gz unpacks to sha256" in error and "pass --no_verify" in error
 
@@ -444,7 +444,7 @@ def test_unsafe_archives_are_rejected(http_root, tmp_path, capsys, extra, reason
     write_iwslt_archive(root / "de-en.tgz", extra)
     data_dir = tmp_path / "deep" / "data"
     assert run_prepro("--dataset", "iwslt2016", "--url", f"{base_url}/de-en.tgz", "--vocab_size", "80",
-                      "--data_dir", data_dir) == 1
+                      "--data_dir", data_dir) == 2
     error = capsys.readouterr().err
     assert "refusing to extract" in error and f"({reason})" in error
     assert not (data_dir / "download" / "evil").exists() and not (tmp_path / "deep" / "evil").exists()
@@ -454,7 +454,7 @@ def test_unsafe_archives_are_rejected(http_root, tmp_path, capsys, extra, reason
 
 def test_missing_remote_file_gives_one_clear_line(http_root, tmp_path, capsys):
     _, base_url, _ = http_root
-    assert run_prepro("--dataset", "iwslt2016", "--url", f"{base_url}/nothing.tgz", "--data_dir", tmp_path) == 1
+    assert run_prepro("--dataset", "iwslt2016", "--url", f"{base_url}/nothing.tgz", "--data_dir", tmp_path) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert f"cannot download {base_url}/nothing.tgz (HTTP Error 404" in error and "--dataset files" in error
@@ -465,13 +465,13 @@ def test_corrupt_gzip_is_rejected_and_removed(http_root, tmp_path, capsys):
     for name in prepro.MULTI30K_FILES.values():
         (root / name).write_bytes(b"\x1f\x8b" + b"not really gzip")
     data_dir = tmp_path / "data"
-    assert run_prepro("--dataset", "multi30k", "--url", base_url, "--data_dir", data_dir) == 1
+    assert run_prepro("--dataset", "multi30k", "--url", base_url, "--data_dir", data_dir) == 2
     assert f"{base_url}/train.de.gz is not a valid gzip file" in capsys.readouterr().err
     assert not (data_dir / "download" / "train.de.gz").exists()
 
 
 def test_unreachable_url_gives_one_clear_line(tmp_path, capsys):
-    assert run_prepro("--dataset", "multi30k", "--url", "http://127.0.0.1:1", "--data_dir", tmp_path / "data") == 1
+    assert run_prepro("--dataset", "multi30k", "--url", "http://127.0.0.1:1", "--data_dir", tmp_path / "data") == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert "cannot download http://127.0.0.1:1/train.de.gz" in error and "--dataset files" in error

@@ -632,7 +632,7 @@ def test_prepro_refuses_an_empty_dev_or_test_split(tmp_path, capsys):
         args = write_files_corpus(tmp_path / split, {**pairs, split: [("", "")]})
         (tmp_path / split / ("%s.1" % split)).write_bytes(b"")
         (tmp_path / split / ("%s.2" % split)).write_bytes(b"")
-        assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 1
+        assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "the %s split is empty (--%s1 %s" % (name, split, tmp_path / split) in error
         assert not (tmp_path / "data" / "manifest.json").exists()
@@ -679,7 +679,7 @@ def test_a_failed_force_rebuild_leaves_the_old_data_dir_usable(tmp_path, capsys)
     small = ["--n_train", "300", "--n_eval", "5", "--n_test", "5", "--data_dir", str(data)]
     assert prepro.main([*small, "--vocab_size", "100"]) == 0
     before = {path.name: path.read_bytes() for path in data.iterdir()}
-    assert prepro.main([*small, "--vocab_size", "100000", "--force"]) == 1  # more pieces than the corpus has
+    assert prepro.main([*small, "--vocab_size", "100000", "--force"]) == 2  # more pieces than the corpus has
     assert "vocab" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in data.iterdir()} == before
     assert utils.load_manifest(str(data))["vocab_size"] == 100
@@ -871,8 +871,8 @@ def test_prepro_reads_gzipped_files_and_names_a_directory(tmp_path, capsys):
         assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "gz" / name).read_bytes()
     capsys.readouterr()
     directory = [str(tmp_path / "in") if arg.endswith("train.1") else arg for arg in map(str, args)]
-    assert prepro.main([*directory, "--data_dir", str(tmp_path / "dir")]) == 1
-    assert capsys.readouterr().err == "prepro.py: error: %s is a directory, not a file (--train1)\n" % (tmp_path / "in")
+    assert prepro.main([*directory, "--data_dir", str(tmp_path / "dir")]) == 2
+    assert capsys.readouterr().err == "error: %s is a directory, not a file (--train1)\n" % (tmp_path / "in")
 
 
 def test_checkpoint_file_names_and_relative_data_dirs(trained, tmp_path, monkeypatch):
