@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp
+from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1
 
@@ -50,11 +50,11 @@ def train_on_a_tiny_batch(hp, steps):
     rng = np.random.RandomState(2)
     x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size)
     with tf.Graph().as_default():
-        model, ph = build(hp)
-        loss, train_op, _, _ = model.train(ph.xs, ph.ys)
+        _, ph = build(hp)
+        step = train_step(hp, ph)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
-            losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(steps)]
+            losses = [sess.run([step.loss, step.train_op], ph.feed(x, y))[0] for _ in range(steps)]
             return losses, {v.name: value for v, value in zip(tf1.global_variables(),
                                                              sess.run(tf1.global_variables()))}
 
@@ -138,8 +138,9 @@ def test_variable_names_are_stable():
     """Checkpoints restore across versions only if these names and shapes never change (docs/checkpoint-format.md
     lists them)."""
     with tf.Graph().as_default():
-        model, ph = build(small_hp(num_blocks=1))
-        model.train(ph.xs, ph.ys)
+        hp = small_hp(num_blocks=1)
+        model, ph = build(hp)
+        train_step(hp, ph)
         model.translate(ph.xs, beam_size=2)
         names = {v.name: v.shape.as_list() for v in tf1.trainable_variables()}
     assert names == expected_variables()

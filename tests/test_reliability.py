@@ -44,6 +44,8 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--threads", "1",
               "--test_batch_size", "256"]
 TRAIN_PAIRS = 2000
+#: Seed of the random moments at which the SIGKILL test kills training.
+SIGKILL_SEED = 18
 SAVED = re.compile(r"^(SIGINT|SIGTERM): saved (\S+) at step (\d+); run the same command to resume$", re.M)
 RESUMED = re.compile(r"^resumed from (\S+) at step (\d+), epoch (\d+)$", re.M)
 PROGRESS = re.compile(r"epoch (\d+):\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)")
@@ -302,7 +304,8 @@ def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, 
     args = ["--data_dir", data_dir, "--logdir", logdir, *TINY_MODEL, "--batch_type", "sentences",
             "--batch_size", str(TRAIN_PAIRS // 2), "--eval_every", "100000", "--num_epochs", "100000",
             "--keep_checkpoints", "2"]
-    moments = ["while writing", random.uniform(0, 1), "while writing", random.uniform(0, 1)]
+    rng = random.Random(SIGKILL_SEED)  # the same moments every run, so that a failure can be reproduced
+    moments = ["while writing", rng.uniform(0, 1), "while writing", rng.uniform(0, 1)]
     for moment in moments:
         with Training(*args) as training:
             training.wait_for_stdout(r"^epoch \d+ \| step")  # a checkpoint exists
@@ -493,8 +496,8 @@ def first_losses(data_dir, logdir, steps=20, **overrides):
     graph, g, hp = tiny_graph(data_dir, logdir, threads=0, batch_size=1000, **overrides)
     with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(g["train_init"], {g["epoch"]: 0, g["skip"]: 0})
-        return [sess.run([g["train_op"], g["loss"]])[1] for _ in range(steps)]
+        sess.run(g.train_init, {g.epoch: 0, g.skip: 0})
+        return [sess.run([g.step.train_op, g.step.loss])[1] for _ in range(steps)]
 
 
 def test_the_same_seed_gives_the_same_first_20_losses(data_dir, tmp_path):
@@ -561,7 +564,7 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
         return real_restore(saver, sess, path)
 
     monkeypatch.setattr(tf1.train.Saver, "restore", rotated_away_first)
-    hp = utils.restore_hparams(["--logdir", str(logdir)])
+    hp = utils.load_trained_hparams(str(logdir), {})
     with tf.Graph().as_default():
         from model import Transformer
         Transformer(hp).translate((tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]),
@@ -731,7 +734,7 @@ def test_non_finite_dev_scores_with_finite_weights_stop_without_saving(trained, 
     def evaluate_with_huge_weights(sess, g, *args):
         for variable in tf1.trainable_variables():
             sess.run(variable.assign(variable * 1e36))
-        assert sess.run(g["weights_finite"])
+        assert sess.run(g.weights_finite)
         return real_evaluate(sess, g, *args)
 
     monkeypatch.setattr(train, "evaluate", evaluate_with_huge_weights)
