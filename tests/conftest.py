@@ -2,7 +2,9 @@
 tests that call train.main()/test.main() in the same process must not mix eager and graph tensors. TensorFlow's
 environment defaults (runtime.py) are set before it is imported, as in the tools.
 
-The tests that need a trained model share tiny_model, trained once per session."""
+The tests that need a trained model share tiny_model, trained once per session. A test that needs a trained model
+(tiny_model, or test_reliability.py's trained, trained in a subprocess) is marked slow: the quick tier,
+`bash scripts/test.sh -m "not slow"`, trains nothing but a few steps inside single tests."""
 import pytest
 
 import runtime  # noqa: F401
@@ -29,3 +31,13 @@ def tiny_model(tmp_path_factory):
                        "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
                        "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100"]) == 0
     return logdir, data_dir
+
+
+#: Fixtures that train a model; every test that uses one, directly or through another fixture, is slow.
+TRAINING_FIXTURES = {"tiny_model", "trained"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if TRAINING_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)

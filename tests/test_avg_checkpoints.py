@@ -133,6 +133,7 @@ def test_output_must_be_marked_as_averaged(logdir):
         avg_checkpoints.main(["--logdir", logdir, "--last", "2", "--output", "best"])
 
 
+@pytest.mark.slow
 def test_missing_logdir_is_one_line_and_exit_code_2(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "avg_checkpoints.py"),
                              "--logdir", str(tmp_path / "nowhere"), "--last", "5"],

@@ -9,7 +9,7 @@ from model_fixtures import build, random_ids, small_hp, train_step
 tf1 = tf.compat.v1
 
 
-@pytest.fixture(scope="module", params=["random", "trained"])
+@pytest.fixture(scope="module", params=["random", pytest.param("trained", marks=pytest.mark.slow)])
 def decoding(request):
     """A session with a small model (random weights, or trained 150 steps to copy-reverse its input), the
     placeholders, and a mixed-length batch of sources with padding."""
@@ -82,6 +82,7 @@ def test_beam_of_four_never_scores_below_greedy(decoding):
     assert np.all(scores(beam_ids) >= scores(greedy_ids) - 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoding", ["trained"], indirect=True)
 def test_larger_alpha_prefers_longer_translations(decoding):
     """Trained weights only: random ones never choose </s> before the length limit, so every alpha would give the

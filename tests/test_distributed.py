@@ -142,6 +142,7 @@ def single_process_reference(ckpt):
     return train
 
 
+@pytest.mark.slow
 def test_two_workers_train_like_one_process(tmp_path, start_workers):
     ckpt, outs = str(tmp_path / "init"), [str(tmp_path / "worker0.npz"), str(tmp_path / "worker1.npz")]
     train_reference = single_process_reference(ckpt)
@@ -186,6 +187,7 @@ def assert_trained_like_one_process(losses, variables, summaries, reference_loss
             np.testing.assert_allclose(value, reference_variables[name], atol=1e-3, err_msg=name)
 
 
+@pytest.mark.slow
 def test_mirrored_on_two_cpus_matches_one_process(tmp_path):
     ckpt = str(tmp_path / "init")
     reference = single_process_reference(ckpt)()

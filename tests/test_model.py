@@ -84,6 +84,7 @@ def loss_and_gradients(hp, x, y, reference=False):
             return sess.run([loss_sum, token_count, gradients], ph.feed(x, y))
 
 
+@pytest.mark.slow
 def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss():
     rng = np.random.RandomState(3)
     hp = small_hp(smoothing=0.1)
@@ -96,6 +97,7 @@ def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss()
         np.testing.assert_allclose(gradient, reference, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
     rng = np.random.RandomState(4)
@@ -109,6 +111,7 @@ def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
     assert all(g.dtype == np.float32 for g in mixed_gradients)
 
 
+@pytest.mark.slow
 def test_float16_training_scales_the_loss_and_learns():
     losses, variables = train_on_a_tiny_batch(small_hp(precision="fp16"), 60)
     scale = variables["current_loss_scale:0"]

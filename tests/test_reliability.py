@@ -243,6 +243,7 @@ def copy_logdir(logdir, target):
 # Interruptions
 
 
+@pytest.mark.slow
 def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp_path):
     steps_per_epoch = TRAIN_PAIRS // 16
     args = ["--data_dir", data_dir, "--logdir", tmp_path / "run", *TINY_MODEL, "--batch_type", "sentences",
@@ -297,6 +298,7 @@ def kill_while_a_checkpoint_is_written(training, logdir, timeout=30):
     training.process.kill()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, tmp_path):
     """Epochs of two steps, so that a checkpoint is written several times a second. Two kills land while one is
     being written, two at random moments."""
@@ -500,6 +502,7 @@ def first_losses(data_dir, logdir, steps=20, **overrides):
         return [sess.run([g.step.train_op, g.step.loss])[1] for _ in range(steps)]
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_first_20_losses(data_dir, tmp_path):
     """Exactly the same losses (CPU), while another seed gives other ones. (prepro's output is byte-identical for
     the same inputs: tests/test_prepro.py test_numbers_data_dir_is_byte_identical_for_a_seed.)"""
