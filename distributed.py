@@ -201,9 +201,9 @@ def cluster_mean(cluster, values):
 def build_train(cluster, hp, xs, ys):
     """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
 
-    Returns a TrainStep. Build it before any other part of the model
-    (an evaluation Transformer(hp) built afterwards reuses its variables). With --distribute none the step runs
-    under TensorFlow's default strategy: one replica, plain variables, no all-reduce.
+    Returns a TrainStep. Build it before any other part of the model (an evaluation Transformer(hp) built
+    afterwards reuses its variables). With --distribute none the step runs under TensorFlow's default strategy:
+    one replica, plain variables, no all-reduce.
     """
     loss, train_op, global_step, summaries = train_step(cluster.strategy or tf.distribute.get_strategy(), hp, xs, ys)
     votes = [tf1.placeholder(tf.float64, [2]) for _ in range(3)]
@@ -212,7 +212,8 @@ def build_train(cluster, hp, xs, ys):
 
 
 def train_step(strategy, hp, xs, ys):
-    """Adam on the label-smoothed loss, the global batch xs, ys split over the strategy's replicas.
+    """The one training step of every --distribute mode: Adam (model.make_optimizer) on the label-smoothed loss,
+    the global batch xs, ys split over the strategy's replicas (one replica: the default strategy).
 
     Returns loss (per target token of the global batch), train_op, global_step and the summaries written every
     100 steps: loss, lr, grad_norm (of the gradient summed over the replicas: another all-reduce, which runs only
