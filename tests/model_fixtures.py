@@ -61,7 +61,7 @@ def build(hp):
 
 
 def train_step(hp, ph):
-    """train.py's training step (--distribute none) over the placeholders ph: distributed.build_train's dict."""
+    """train.py's training step (--distribute none) over the placeholders ph: a distributed.TrainStep."""
     cluster = distributed.make_cluster(SimpleNamespace(distribute="none"), tf1.ConfigProto())
     return distributed.build_train(cluster, hp, ph.xs, ph.ys)
 

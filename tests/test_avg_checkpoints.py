@@ -98,6 +98,7 @@ def test_average_of_two_checkpoints_is_their_mean(logdir, model):
             np.testing.assert_array_equal(value, averaged[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_averaged_checkpoints_are_never_averaged_again(logdir, model):
     _, second, third = save_known_checkpoints(logdir, model, [(1, 10), (2, 20), (3, 30)])
     avg_checkpoints.main(["--logdir", logdir, "--last", "3"])
@@ -108,6 +109,7 @@ def test_averaged_checkpoints_are_never_averaged_again(logdir, model):
     assert os.path.basename(find_checkpoint(logdir)) == "avg_recent-30"
 
 
+@pytest.mark.slow
 def test_fewer_checkpoints_than_asked(logdir, model):
     save_known_checkpoints(logdir, model, [(1, 10), (2, 20)])
     with pytest.raises(UserError, match=r"lists 2 checkpoints written by train.py \(E10-10, E20-20\), "
@@ -115,6 +117,7 @@ def test_fewer_checkpoints_than_asked(logdir, model):
         avg_checkpoints.main(["--logdir", logdir, "--last", "3"])
 
 
+@pytest.mark.slow
 def test_checkpoints_of_different_models(logdir, model):
     save_known_checkpoints(logdir, model, [(1, 10)])
     values = checkpoint_values(os.path.join(logdir, "E10-10"))

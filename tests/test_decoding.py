@@ -18,7 +18,7 @@ def decoding(request):
     graph = tf.Graph()
     with graph.as_default():
         model, ph = build(hp)
-        train_op = train_step(hp, ph)["train_op"]
+        train_op = train_step(hp, ph).train_op
         ops = {
             "cached": model.translate(ph.xs, 1, alpha=0.6),
             "cached_alpha0": model.translate(ph.xs, 1, alpha=0.0),

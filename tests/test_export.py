@@ -2,6 +2,7 @@
 that translates exactly as test.py does."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -92,7 +93,7 @@ def test_export_refuses_a_non_empty_export_dir(trained, export_dir):
 
 def test_export_of_a_missing_checkpoint(trained, tmp_path):
     _, _, logdir = trained
-    with pytest.raises(UserError, match="checkpoint .*nope-1 not found; checkpoints in .*: %s"
-                       % tf.train.latest_checkpoint(logdir)):
+    with pytest.raises(UserError, match="checkpoint .*nope-1 not found; checkpoints in .*: .*%s$"
+                       % re.escape(tf.train.latest_checkpoint(logdir))):
         export.main(["--logdir", logdir, "--export_dir", str(tmp_path / "x"), "--ckpt", logdir + "/nope-1"])
     assert not os.path.exists(tmp_path / "x")

@@ -31,6 +31,7 @@ def test_changing_a_later_target_token_leaves_earlier_outputs_unchanged(norm_typ
     assert np.abs(before[:, 4:] - after[:, 4:]).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("norm_type", ["post", "pre"])
 def test_appending_padding_leaves_real_positions_unchanged(training, norm_type):
@@ -59,6 +60,7 @@ def train_on_a_tiny_batch(hp, steps):
                                                              sess.run(tf1.global_variables()))}
 
 
+@pytest.mark.slow
 def test_overfits_a_tiny_batch():
     losses, _ = train_on_a_tiny_batch(small_hp(), 300)
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])

@@ -113,6 +113,7 @@ def data_dir():
     return str(FIXTURE / "numbers")
 
 
+@pytest.mark.slow
 def test_a_step_budget_fixes_the_end_of_the_schedule_from_the_start(data_dir, tmp_path, capsys):
     logdir = str(tmp_path / "run")
     assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "12", "--warmup_steps", "4",
@@ -154,6 +155,7 @@ def v1_logdir(tmp_path):
     return str(logdir)
 
 
+@pytest.mark.slow
 def test_a_v1_checkpoint_resumes_on_the_noam_schedule_it_was_trained_with(data_dir, v1_logdir, capsys):
     assert "lr_schedule" not in json.load(open(os.path.join(v1_logdir, "hparams.json")))
     before = checkpoint_values(os.path.join(v1_logdir, "E00_L5.21_B0.00-3"))

@@ -61,6 +61,7 @@ def test_changing_the_model_shape_of_a_logdir_is_refused(data_dir, tmp_path):
     assert "--d_model 32 but this run asks for 64" in result.stderr
 
 
+@pytest.mark.slow
 def test_every_flag_has_help():
     for action in Hparams().parser._actions:
         assert action.help and len(action.help) > 10, action.dest
