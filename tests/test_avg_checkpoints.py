@@ -68,6 +68,7 @@ def logdir(tmp_path):
     return str(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_average_of_two_checkpoints_is_their_mean(logdir, model):
     _, second, third = save_known_checkpoints(logdir, model, [(1, 10), (2, 20), (3, 30)])
     assert avg_checkpoints.main(["--logdir", logdir, "--last", "2"]) == 0

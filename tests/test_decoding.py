@@ -94,6 +94,7 @@ def test_larger_alpha_prefers_longer_translations(decoding):
     assert long_lengths.sum() > short_lengths.sum(), (short_lengths, long_lengths)
 
 
+@pytest.mark.slow
 def test_bfloat16_cached_greedy_equals_bfloat16_uncached_greedy():
     """Under --precision bf16 the cache holds bf16 keys and values; decoding with it must match re-running the
     decoder on the prefix."""
