@@ -20,16 +20,15 @@ import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
-import argparse
-
 import numpy as np
 import tensorflow as tf
 
-from utils import AVERAGED_PREFIX, UserError, checkpoint_state, is_averaged, logdir_lock, run_cli
+from errors import OneLineParser, UserError, run_cli
+from utils import AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock
 
 tf1 = tf.compat.v1
 
-#: Checkpoints whose file name starts with this were written by avg_checkpoints.py.
+#: What ends the names of Adam's two moment slots, and the names of its bias-correction powers.
 ADAM_SLOT_SUFFIXES = ("/Adam", "/Adam_1")
 ADAM_POWERS = ("beta1_power", "beta2_power")
 
@@ -41,8 +40,9 @@ def is_weight(name, dtype):
 
 def parse_args(argv):
     """The command-line flags; a bad --last or --output is a UserError."""
-    parser = argparse.ArgumentParser(description="Average the weights of the last N checkpoints of a logdir into "
-                                                 "a new checkpoint there, which becomes the latest.")
+    parser = OneLineParser(prog="avg_checkpoints.py", description="Average the weights of the last N checkpoints "
+                                                                  "of a logdir into a new checkpoint there, which "
+                                                                  "becomes the latest.")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
     parser.add_argument("--output", help="name of the new checkpoint, saved as LOGDIR/OUTPUT-STEP; must start "
@@ -61,6 +61,7 @@ def select_checkpoints(logdir, last):
     """The last `last` checkpoints train.py wrote in logdir, oldest first, as listed in its checkpoint state."""
     if not os.path.isdir(logdir):
         raise UserError("logdir %s not found" % logdir)
+    load_trained_hparams(logdir, {})  # refuses a directory that train.py did not write
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     if len(trained) < last:

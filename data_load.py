@@ -58,10 +58,10 @@ def load_data(fpath1, fpath2, maxlen1=None, maxlen2=None, truncate=False):
     return sents1, sents2, over
 
 
-def encode(inp, type, dict):
-    """Segmented sentence -> ids. type "x": pieces + </s>; "y": <s> + pieces + </s>. Unknown pieces map to <unk>."""
-    ids = [dict.get(piece, UNK_ID) for piece in inp.split()]
-    return ids + [EOS_ID] if type == "x" else [BOS_ID] + ids + [EOS_ID]
+def encode(sentence, side, token2idx):
+    """Segmented sentence -> ids. side "x": pieces + </s>; "y": <s> + pieces + </s>. Unknown pieces map to <unk>."""
+    ids = [token2idx.get(piece, UNK_ID) for piece in sentence.split()]
+    return ids + [EOS_ID] if side == "x" else [BOS_ID] + ids + [EOS_ID]
 
 
 def bucket_widths(longest, growth):

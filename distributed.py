@@ -1,13 +1,13 @@
 """Data-parallel training with tf.distribute in TF1 graph mode (sessions), for train.py --distribute.
 
     cluster = make_cluster(hp, session_config(hp))   # before any graph is built
-    g = build_train(cluster, hp, xs, ys)             # dict: loss, train_op, global_step, train_summaries, votes
+    step = build_train(cluster, hp, xs, ys)          # TrainStep: loss, train_op, global_step, summaries, votes
     with tf1.Session(cluster.target, config=cluster.config) as sess:
-        agree_on_checkpoint(sess, g, latest_checkpoint_or_None)       # then restore it or initialize
-        while not any(agree_to_stop(sess, g, signal, out_of_time)):  # before every step
-            sess.run(g["train_op"])
+        agree_on_checkpoint(sess, step, latest_checkpoint_or_None)       # then restore it or initialize
+        while not any(agree_to_stop(sess, step, signal, out_of_time)):  # before every step
+            sess.run(step.train_op)
 
---distribute none         one process, one device: build_train is model.Transformer.train.
+--distribute none         one process, one device: the same step under TensorFlow's default strategy.
 --distribute mirrored     one process, several devices (--devices, default every GPU): tf.distribute.MirroredStrategy.
 --distribute multiworker  one process per host (or per CPU worker), tf.compat.v1 MultiWorkerMirroredStrategy; the
                           cluster and this process's place in it come from the TF_CONFIG environment variable, e.g.
@@ -40,8 +40,8 @@ from collections import namedtuple
 
 import tensorflow as tf
 
-from model import PAD_ID, Transformer, make_optimizer
-from utils import UserError
+from model import PAD_ID, Transformer, attention_image, make_optimizer
+from errors import UserError
 
 tf1 = tf.compat.v1
 
@@ -53,6 +53,15 @@ DISTRIBUTE_MODES = ("none", "mirrored", "multiworker")
 #: masks differ; initial values come from the chief anyway).
 #: server: the running tf.distribute.Server of a multiworker process (kept alive by this reference), else None.
 Cluster = namedtuple("Cluster", "strategy is_chief target config task process_index server")
+
+#: A process's vote (a (2,) float64 placeholder) and its mean over the processes of the cluster (the placeholder
+#: itself when this process is the only one).
+Vote = namedtuple("Vote", "mine mean")
+
+#: What build_train builds. loss: per target token of the global batch; train_op: one Adam update (and global_step
+#: + 1); summaries: loss, lr, grad_norm, attention image; stop, checkpoint, total: the Votes that agree_to_stop,
+#: agree_on_checkpoint and agree_on_total run.
+TrainStep = namedtuple("TrainStep", "loss train_op global_step summaries stop checkpoint total")
 
 
 # ---------------------------------------------------------------- strategies
@@ -162,18 +171,23 @@ def replica_batch(xs, ys, replica_id, num_replicas):
 
 
 def replica_step(hp, xs, ys, optimizer, global_step):
-    """One replica's part of a training step (runs in replica context, once per replica).
+    """One replica's part of a training step (runs in replica context, once per replica; with --distribute none
+    the one replica takes the whole batch).
 
     xs, ys: the whole global batch. Returns this replica's loss, whose sum over replicas is the per-token loss of the
-    global batch, and the op that applies the gradients all-reduced over every replica and increments global_step.
+    global batch; the op that applies the gradients all-reduced over every replica and increments global_step; this
+    replica's gradients (dense); and its last-block cross-attention (n, h, t2, t1).
     """
     context = tf.distribute.get_replica_context()
     global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys[1], PAD_ID), tf.float32))
-    xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
-    loss_sum, _, _ = Transformer(hp).loss(xs, ys)
+    if context.num_replicas_in_sync > 1:
+        xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
+    loss_sum, _, attention = Transformer(hp).loss(xs, ys)
     loss = loss_sum / (global_tokens + 1e-7)
-    train_op = optimizer.apply_gradients(optimizer.compute_gradients(loss), global_step=global_step)
-    return loss, train_op
+    grads_and_vars = optimizer.compute_gradients(loss)
+    grads = [tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]  # the embedding's IndexedSlices made dense
+    train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+    return loss, train_op, grads, attention
 
 
 def cluster_mean(cluster, values):
@@ -187,55 +201,61 @@ def cluster_mean(cluster, values):
 def build_train(cluster, hp, xs, ys):
     """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
 
-    Returns a dict: loss (the per-token loss of the global batch), train_op, global_step, train_summaries, and the
-    ops that agree_to_stop, agree_on_checkpoint and agree_on_total run. Build it before any other part of the model
-    (an evaluation Transformer(hp) built afterwards reuses its variables). With --distribute none the graph's
-    variables and their initial values are those of model.Transformer.train alone.
+    Returns a TrainStep. Build it before any other part of the model (an evaluation Transformer(hp) built
+    afterwards reuses its variables). With --distribute none the step runs under TensorFlow's default strategy:
+    one replica, plain variables, no all-reduce.
     """
-    if cluster.strategy is None:
-        loss, train_op, global_step, summaries = Transformer(hp).train(xs, ys)
-    else:
-        loss, train_op, global_step, summaries = replicated_train(cluster.strategy, hp, xs, ys)
-    votes = {name: tf1.placeholder(tf.float64, [2]) for name in ("stop_vote", "checkpoint_vote", "total_vote")}
-    return dict(loss=loss, train_op=train_op, global_step=global_step, train_summaries=summaries,
-                **votes, **{name + "s": cluster_mean(cluster, vote) for name, vote in votes.items()})
+    loss, train_op, global_step, summaries = train_step(cluster.strategy or tf.distribute.get_strategy(), hp, xs, ys)
+    votes = [tf1.placeholder(tf.float64, [2]) for _ in range(3)]
+    return TrainStep(loss, train_op, global_step, summaries,
+                     *(Vote(vote, cluster_mean(cluster, vote)) for vote in votes))
 
 
-def replicated_train(strategy, hp, xs, ys):
-    """model.Transformer.train for a strategy's replicas: the global batch xs, ys split over them.
+def train_step(strategy, hp, xs, ys):
+    """The one training step of every --distribute mode: Adam (model.make_optimizer) on the label-smoothed loss,
+    the global batch xs, ys split over the strategy's replicas (one replica: the default strategy).
 
-    Returns loss (per target token of the global batch), train_op, global_step and summaries (loss and lr).
+    Returns loss (per target token of the global batch), train_op, global_step and the summaries written every
+    100 steps: loss, lr, grad_norm (of the gradient summed over the replicas: another all-reduce, which runs only
+    when the summaries are fetched) and the first replica's attention image.
     """
     with strategy.scope():
         global_step = tf1.train.get_or_create_global_step()
         optimizer, lr = make_optimizer(hp, global_step)
-        replica_losses, train_op = strategy.extended.call_for_each_replica(
+        replica_losses, train_op, replica_grads, attention = strategy.extended.call_for_each_replica(
             replica_step, args=(hp, xs, ys, optimizer, global_step))
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_losses, axis=None)
         train_op = tf.group(strategy.experimental_local_results(train_op))
-    summaries = tf1.summary.merge([tf1.summary.scalar("loss", loss), tf1.summary.scalar("lr", lr)])
+        grad_norm = tf.linalg.global_norm([strategy.reduce(tf.distribute.ReduceOp.SUM, grad, axis=None)
+                                           for grad in replica_grads])
+    summaries = tf1.summary.merge([
+        tf1.summary.scalar("loss", loss),
+        tf1.summary.scalar("lr", lr),
+        tf1.summary.scalar("grad_norm", grad_norm),
+        tf1.summary.image("attention", attention_image(strategy.experimental_local_results(attention)[0])),
+    ])
     return loss, train_op, global_step, summaries
 
 
 # ---------------------------------------------------------------- agreeing on when to stop and where to start
-def agree_to_stop(sess, g, signal, out_of_time):
+def agree_to_stop(sess, step, signal, out_of_time):
     """Every process calls this before every step; it returns the same answer in all of them.
 
     signal: this process's pending stop request (e.g. "SIGINT") or None. out_of_time: its --max_minutes passed.
     Returns (any process has a stop request, any process is out of time).
     """
-    if g["stop_votes"] is g["stop_vote"]:  # a single process: nothing to agree on, nothing to run
+    if step.stop.mean is step.stop.mine:  # a single process: nothing to agree on, nothing to run
         return bool(signal), bool(out_of_time)
-    votes = sess.run(g["stop_votes"], {g["stop_vote"]: [float(bool(signal)), float(bool(out_of_time))]})
+    votes = sess.run(step.stop.mean, {step.stop.mine: [float(bool(signal)), float(bool(out_of_time))]})
     return bool(votes[0] > 0), bool(votes[1] > 0)
 
 
-def agree_on_total(sess, g, total, is_chief):
+def agree_on_total(sess, step, total, is_chief):
     """Every process calls this at the same step with its own estimate of the learning-rate schedule's end step;
     all of them return the chief's (the one process that times the dev evaluations)."""
-    if g["total_votes"] is g["total_vote"]:
+    if step.total.mean is step.total.mine:
         return int(total)
-    chief_total, chiefs = sess.run(g["total_votes"], {g["total_vote"]: [total * is_chief, float(is_chief)]})
+    chief_total, chiefs = sess.run(step.total.mean, {step.total.mine: [total * is_chief, float(is_chief)]})
     return int(round(chief_total / chiefs))
 
 
@@ -245,14 +265,14 @@ def checkpoint_fingerprint(ckpt):
     return -1 if ckpt is None else zlib.crc32(os.path.basename(ckpt).encode("utf-8")) % 2 ** 24
 
 
-def agree_on_checkpoint(sess, g, ckpt):
+def agree_on_checkpoint(sess, step, ckpt):
     """Every process calls this before restoring or initializing the variables, with the checkpoint it would restore
     (None to initialize). Raises UserError in every process unless all of them name the same checkpoint (a process
     that can not see the chief's logdir would otherwise wait forever for the chief's initial values)."""
-    if g["checkpoint_votes"] is g["checkpoint_vote"]:
+    if step.checkpoint.mean is step.checkpoint.mine:
         return
     mine = float(checkpoint_fingerprint(ckpt))
-    mean, mean_square = sess.run(g["checkpoint_votes"], {g["checkpoint_vote"]: [mine, mine * mine]})
+    mean, mean_square = sess.run(step.checkpoint.mean, {step.checkpoint.mine: [mine, mine * mine]})
     if mean != mine or mean_square != mine * mine:  # the mean of squares exceeds the squared mean unless all agree
         raise UserError("the workers disagree on the checkpoint to resume from (this one: %s); every worker must see "
                         "the chief's --logdir (a shared file system)" % (ckpt or "none, start from scratch"))

@@ -21,9 +21,10 @@ import tempfile
 import tensorflow as tf
 
 from data_load import PAD_ID
-from hparams import OneLineParser
+from errors import OneLineParser, UserError, run_cli
+from hparams import TRAINED_FLAGS_HINT
 from model import Transformer
-from utils import UserError, check_ranges, load_hparams, restore, run_cli, session_config, trained_model_files
+from utils import load_trained_hparams, resolve_precision, restore, session_config, trained_model_files
 
 tf1 = tf.compat.v1
 
@@ -34,7 +35,7 @@ def parse_args(argv):
     """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given on top."""
     parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel (signature "
                                                  "serving_default: src_ids -> ids, scores) with its sentencepiece "
-                                                 "model among the assets.")
+                                                 "model among the assets.", unrecognized_hint=TRAINED_FLAGS_HINT)
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must not exist yet")
     parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in --logdir")
@@ -45,11 +46,9 @@ def parse_args(argv):
                                                         "steps; default from hparams.json")
     parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
     args = parser.parse_args(argv)
-    hp = load_hparams(args.logdir)
-    hp.trained_data_dir = hp.data_dir
-    vars(hp).update({flag: getattr(args, flag) for flag in DECODING_FLAGS if getattr(args, flag) is not None})
-    hp.logdir = args.logdir
-    check_ranges(hp, DECODING_FLAGS)
+    hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in DECODING_FLAGS
+                                            if getattr(args, flag) is not None})
+    resolve_precision(hp)
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
                         % args.export_dir)

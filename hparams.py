@@ -7,24 +7,15 @@ Hyperparameters flow one way: argparse -> namespace -> `hparams.json` in the log
 """
 import argparse
 import math
-import sys
+
+from errors import OneLineParser
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its own flags):
 #: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.
 DECODING_FLAGS = ("logdir", "data_dir", "ckpt", "test_batch_size", "beam_size", "alpha", "max_len_a", "max_len_b",
                   "threads", "precision")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr, `error: ...`, and exit code 2, like every other user
-    error of the toolkit (the usage is in --help)."""
-
-    def error(self, message):
-        if message.startswith("unrecognized arguments"):
-            message += " (see %s --help%s)" % (self.prog, "; the model's shape and training flags come from "
-                                               "LOGDIR/hparams.json" if self.prog != "train.py" else "")
-        print("error: %s" % message, file=sys.stderr)
-        sys.exit(2)
+#: What a tool that reads a trained model says about a flag it does not take.
+TRAINED_FLAGS_HINT = "; the model's shape and training flags come from LOGDIR/hparams.json"
 
 
 class _Only:
@@ -47,7 +38,8 @@ class Hparams:
             prog=prog, description=description or "Transformer NMT (TF1 graph mode on TensorFlow 2). Source is "
                                                    "side 1, target side 2." + (" A flag not given keeps its value "
                                                    "in LOGDIR/hparams.json." if only else ""),
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            unrecognized_hint=TRAINED_FLAGS_HINT if only else "")
         self._add_data(_Only(parser.add_argument_group("data"), only))
         self._add_model(_Only(parser.add_argument_group("model"), only))
         self._add_training(_Only(parser.add_argument_group("training"), only))
@@ -142,19 +134,30 @@ class Hparams:
         group.add_argument("--test_batch_size", type=int, default=128, help="sentences per decoding batch")
 
 
+class _NotGiven:
+    """The value of every flag before parsing, in parse_flags: a flag that keeps it was not on the command line."""
+
+
+def parse_flags(parser, argv, intermixed=False):
+    """Parses argv with parser (parse_intermixed_args if intermixed). Returns the namespace of every flag, and the
+    flags given on the command line (not defaulted) as a dict. --help and unknown or invalid flags are handled by
+    the parser, with the defaults that --help shows."""
+    parse = parser.parse_intermixed_args if intermixed else parser.parse_args
+    args = parse(argv)
+    unset = argparse.Namespace(**{name: _NotGiven for name in vars(args)})  # argparse keeps what a namespace has
+    given = {name: value for name, value in vars(parse(argv, namespace=unset)).items() if value is not _NotGiven}
+    return args, given
+
+
 def explicit_flags(argv, only=None, prog=None):
-    """The flags given on the command line argv (not their defaults), as a dict; only: see Hparams. --help and
-    unknown or invalid flags are handled by the parser with its defaults (which --help shows)."""
-    Hparams(only, prog).parser.parse_args(argv)
-    parser = Hparams(only, prog).parser
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return vars(parser.parse_args(argv))
+    """The flags of Hparams(only, prog) given on the command line argv (not their defaults), as a dict."""
+    return parse_flags(Hparams(only, prog).parser, argv)[1]
 
 
 #: What flags added after the first release meant before they existed: a logdir whose hparams.json lacks one was
 #: trained with this value (not the flag's current default).
-LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32"}
+#: vocab_sha256 (not a flag: train.py records the data dir's) None: unknown, only the vocabulary's size is checked.
+LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "vocab_sha256": None}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from the command line.
 MODEL_FLAGS = ("d_model", "d_ff", "num_blocks", "num_heads", "norm_type", "vocab_size")

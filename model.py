@@ -1,7 +1,7 @@
 """The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
 
     model = Transformer(hp)                       # hp: namespace with vocab_size, d_model, d_ff, num_blocks, ...
-    loss, train_op, global_step, summaries = model.train(xs, ys)
+    loss_sum, token_count, attention = model.loss(xs, ys)   # training: distributed.build_train builds the step
     ids, scores, summaries = model.eval(xs, ys)   # greedy (or beam, hp.beam_size) with a decoding cache
 
 xs = (x, x_seqlen, sent1): x (N, T1) int32 source ids ending in </s>, padded with 0.
@@ -40,7 +40,7 @@ class Transformer:
     def __init__(self, hp):
         self.hp = hp
         #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
-        self.dtype = COMPUTE_DTYPES[getattr(hp, "precision", "fp32")]
+        self.dtype = COMPUTE_DTYPES[hp.precision]
         self.embeddings = get_token_embeddings(hp.vocab_size, hp.d_model, zero_pad=True)  # (V, d_model)
 
     # ---------------------------------------------------------------- encoder and decoder stacks
@@ -126,24 +126,6 @@ class Transformer:
         loss_sum = output_loss(tf.boolean_mask(dec, nonpadding), self.embeddings,  # (M, d_model): M non-pad tokens
                                tf.boolean_mask(y, nonpadding), self.hp.smoothing, self.dtype)
         return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
-
-    def train(self, xs, ys):
-        """Returns loss (label-smoothed cross entropy per non-pad target token), train_op, global_step, summaries."""
-        loss_sum, token_count, attention = self.loss(xs, ys)
-        loss = loss_sum / (token_count + 1e-7)
-        global_step = tf1.train.get_or_create_global_step()
-        optimizer, lr = make_optimizer(self.hp, global_step)
-        grads_and_vars = optimizer.compute_gradients(loss)
-        grad_norm = tf.linalg.global_norm([g for g, _ in grads_and_vars])
-        train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-
-        summaries = tf1.summary.merge([
-            tf1.summary.scalar("loss", loss),
-            tf1.summary.scalar("lr", lr),
-            tf1.summary.scalar("grad_norm", grad_norm),
-            tf1.summary.image("attention", attention_image(attention)),
-        ])
-        return loss, train_op, global_step, summaries
 
     # ---------------------------------------------------------------- decoding
     def _heads(self, inputs, scope):
@@ -313,13 +295,13 @@ def make_optimizer(hp, global_step):
     by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
     by it, and a step with non-finite gradients is skipped and halves the scale (which doubles after 2,000 good steps).
     """
-    schedule, total_steps = getattr(hp, "lr_schedule", "noam"), schedule_total_steps()
+    schedule, total_steps = hp.lr_schedule, schedule_total_steps()
     if schedule == "noam":
         lr = noam_scheme(hp.lr, global_step, hp.warmup_steps)
     else:
         lr = warmup_decay_scheme(hp.lr, global_step, hp.warmup_steps, total_steps, decay=schedule)
     optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
-    if getattr(hp, "precision", "fp32") == "fp16":
+    if hp.precision == "fp16":
         optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
     return optimizer, lr
 

@@ -37,9 +37,9 @@ def dropout(inputs, rate, training):
 
     inputs: any shape. Returns the same shape: each entry zeroed with probability `rate` (rounded to a multiple
     of 2^-16), the others scaled by 1 / (1 - rate). The keep decisions are 16-bit random numbers, four per
-    64-bit random word: half the random bits of tf.nn.dropout's one float per entry, whose generation took 7%
-    of a bf16 training step on CPU (this takes 4%). The words come from a stateless generator seeded from the
-    graph's random stream, so tf1.set_random_seed still makes runs repeatable.
+    64-bit random word, half the random bits of tf.nn.dropout's one float per entry (docs/performance.md has the
+    measurement). The words come from a stateless generator seeded from the graph's random stream, so
+    tf1.set_random_seed still makes runs repeatable.
     """
     if not training or rate == 0:
         return inputs
@@ -80,22 +80,23 @@ def get_token_embeddings(vocab_size, num_units, zero_pad=True):
     return embeddings
 
 
-def mask(inputs, key_masks=None, type=None):
-    """Masks attention logits (Section 3.2.3).
+def mask_keys(inputs, key_masks):
+    """Gives padded keys the attention logit MASKED_LOGIT (Section 3.2.3).
 
     inputs: (N*h, T_q, T_k) logits, each sentence's h heads next to each other on the first axis.
     key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)).
-    type: "key" gives padded keys MASKED_LOGIT; "future" gives keys later than the query MASKED_LOGIT.
     Returns (N*h, T_q, T_k).
     """
-    if type == "key":
-        heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
-        key_masks = tf.repeat(key_masks, heads, axis=0)  # (N*h, T_k)
-        return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
-    if type == "future":
-        allowed = tf.linalg.band_part(tf.ones_like(inputs[0, :, :]), -1, 0) > 0  # (T_q, T_k): key <= query
-        return tf.where(allowed[None, :, :], inputs, tf.cast(MASKED_LOGIT, inputs.dtype))
-    raise ValueError("mask type must be 'key' or 'future', got %r" % (type,))
+    heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
+    key_masks = tf.repeat(key_masks, heads, axis=0)  # (N*h, T_k)
+    return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
+
+
+def mask_future(inputs):
+    """Gives keys later than their query the attention logit MASKED_LOGIT (Section 3.2.3, the decoder's
+    self-attention). inputs: (N, T_q, T_k) logits. Returns (N, T_q, T_k)."""
+    allowed = tf.linalg.band_part(tf.ones_like(inputs[0, :, :]), -1, 0) > 0  # (T_q, T_k): key <= query
+    return tf.where(allowed[None, :, :], inputs, tf.cast(MASKED_LOGIT, inputs.dtype))
 
 
 def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True):
@@ -110,9 +111,9 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
     d_k = Q.shape[-1]
     logits = tf.cast(tf.matmul(Q, K, transpose_b=True), tf.float32) * (float(d_k) ** -0.5)  # (N, T_q, T_k)
     if key_masks is not None:
-        logits = mask(logits, key_masks, type="key")
+        logits = mask_keys(logits, key_masks)
     if causality:
-        logits = mask(logits, type="future")
+        logits = mask_future(logits)
     attention = tf.nn.softmax(logits)
     outputs = tf.matmul(dropout(tf.cast(attention, V.dtype), dropout_rate, training), V)  # (N, T_q, d_v)
     return outputs, attention
@@ -147,7 +148,8 @@ def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate
 
 
 def sublayer_input(inputs, norm_type):
-    """What a sublayer sees: LN(x) for pre-layer-norm blocks, x itself for post-layer-norm (Section 5.4).
+    """What a sublayer sees: LN(x) for pre-layer-norm blocks (Xiong et al., 2020), x itself for post-layer-norm
+    (Section 3.1).
 
     inputs: (N, T, d_model). Returns (N, T, d_model). Uses the variables of scope `ln` in the current scope.
     """
@@ -155,7 +157,8 @@ def sublayer_input(inputs, norm_type):
 
 
 def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
-    """Residual connection around a sublayer: LN(x + dropout(f)) (post) or x + dropout(f) (pre) (Section 5.4).
+    """Residual connection around a sublayer: LN(x + dropout(f)) (post, Sections 3.1 and 5.4) or x + dropout(f)
+    (pre, Xiong et al., 2020, whose stacks end in one more layer norm).
 
     inputs: (N, T, d_model) float32, the sublayer's input x. outputs: (N, T, d_model), the sublayer's f, in float32
     or a 16-bit float (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
@@ -166,7 +169,7 @@ def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
 
 def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_rate=0., training=True,
                         causality=False, scope="multihead_attention", norm_type="post", dtype=tf.float32):
-    """Multi-head attention sublayer with residual connection and layer norm (Sections 3.2.2 and 5.4).
+    """Multi-head attention sublayer with residual connection and layer norm (Sections 3.2.2 and 3.1).
 
     queries: (N, T_q, d_model).
     keys, values: (N, T_k, d_model), or None for self-attention on the queries as the sublayer sees them
@@ -192,7 +195,8 @@ def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_r
 
 def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post",
        dtype=tf.float32):
-    """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 with residual and layer norm (Section 3.3).
+    """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 (Section 3.3) with residual and layer norm
+    (Section 3.1).
 
     inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products and of the (N, T, d_ff)
     hidden activations between them.

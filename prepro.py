@@ -28,7 +28,6 @@ with the same inputs and options does nothing; other inputs or options need anot
 --force.
 """
 
-import argparse
 import calendar
 import contextlib
 import gzip
@@ -54,6 +53,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 from tqdm import tqdm
+
+from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, report
 
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "manifest.json"
@@ -91,8 +92,8 @@ IWSLT2016_FILES = {
 FILE_FLAGS = {(split, side): f"{split}{side}" for split in SPLITS for side in SIDES}
 
 
-class PrepError(Exception):
-    """A problem with the input or the data directory, reported as one line without a traceback."""
+#: A problem with the input or the data directory: the toolkit's one kind of user error (errors.py).
+PrepError = UserError
 
 
 def log(message):
@@ -883,7 +884,7 @@ DATASET_FLAGS = {
 
 def build_parser():
     """The argument parser; --help explains every flag."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="prepro.py",
         description="Build a data directory (cleaned splits, one joint sentencepiece BPE model with "
                     "<pad>=0 <unk>=1 <s>=2 </s>=3, BPE-segmented splits, manifest.json) from a parallel "
@@ -995,9 +996,9 @@ def main(argv=None):
         check_data_dir(data_dir)
         splits, sources, downloads = load_corpus(args, options, data_dir)
         manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force)
-    except (PrepError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (UserError, OSError) as error:
+        report(error)
+        return USER_ERROR_EXIT_CODE
     except KeyboardInterrupt:
         print(f"prepro.py: interrupted; {data_dir} has no new manifest, run again to finish", file=sys.stderr)
         return 130

@@ -17,17 +17,28 @@ import tensorflow as tf
 
 from data_load import get_batch
 from model import Transformer
-from utils import (UserError, atomic_write, calc_bleu, get_hypotheses, read_lines, restore, restore_hparams,
-                   run_cli, session_config, split_paths, trained_model_files)
+from errors import UserError, run_cli
+from hparams import DECODING_FLAGS, Hparams, parse_flags
+from utils import (atomic_write, calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision,
+                   restore, session_config, split_paths, trained_model_files)
 
 tf1 = tf.compat.v1
+
+
+def parse_args(argv):
+    """The model's hyperparameters: LOGDIR/hparams.json with the flags given on top. Only where the model is, how
+    to decode and --testdir are flags; the model's shape and the training settings come from hparams.json."""
+    args, given = parse_flags(Hparams(DECODING_FLAGS + ("testdir",), "test.py").parser, argv)
+    hp = load_trained_hparams(args.logdir, given)
+    resolve_precision(hp)
+    return hp
 
 
 def main(argv=None):
     tf1.disable_eager_execution()
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
-    hp = restore_hparams(argv)
+    hp = parse_args(argv)
     manifest, ckpt = trained_model_files(hp, hp.ckpt)
     files = split_paths(hp.data_dir, manifest, "test")
     batches, num_batches, num_sentences, _ = get_batch(files["bpe1"], files["bpe2"], None, None,

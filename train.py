@@ -12,7 +12,9 @@ import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
+import collections.abc
 import contextlib
+import dataclasses
 import glob
 import math
 import signal
@@ -26,12 +28,13 @@ import tensorflow as tf
 
 import distributed
 from data_load import get_batch
-from hparams import Hparams, explicit_flags
+from errors import DiskFull, UserError, is_disk_full, run_cli
+from hparams import Hparams, parse_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
-from utils import (DiskFull, Progress, UserError, atomic_write, calc_bleu, check_ranges, check_vocab,
-                   checkpoint_state, find_checkpoint, get_hypotheses, is_averaged, is_disk_full, load_manifest,
-                   logdir_lock, merge_hparams, read_lines, remove_stale_pins, resolve_precision, restore, run_cli,
-                   save_hparams, save_variable_specs, session_config, split_paths, vocab_sha256)
+from utils import (Progress, atomic_write, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint,
+                   get_hypotheses, is_averaged, load_manifest, load_trained_hparams, logdir_lock, read_lines,
+                   remove_stale_pins, resolve_precision, restore, save_hparams, save_variable_specs, session_config,
+                   split_paths, vocab_sha256)
 
 tf1 = tf.compat.v1
 
@@ -42,13 +45,10 @@ def resolve_hparams(argv):
     The model's shape can not change on resume, nor its vocabulary: vocab_size and vocab_sha256 come from the data
     dir. Every flag's range is checked before anything is built.
     """
-    hp = Hparams(prog="train.py").parser.parse_args(argv)
+    hp, given = parse_flags(Hparams(prog="train.py").parser, argv)
     trained_data_dir = None
     if os.path.exists(os.path.join(hp.logdir, "hparams.json")):
-        hp, conflicts = merge_hparams(hp.logdir, explicit_flags(argv))
-        for flag, saved, asked in conflicts[:1]:
-            raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
-                            % (hp.logdir, flag, saved, asked))
+        hp = load_trained_hparams(hp.logdir, given)
         trained_data_dir = vars(hp).pop("trained_data_dir")
     check_ranges(hp)
     manifest = load_manifest(hp.data_dir, trained_data_dir, hp.logdir)
@@ -75,7 +75,7 @@ class Budget:
 
     def __init__(self, sess, g, hp, deadline, is_chief=True):
         self.sess, self.g, self.hp, self.deadline, self.is_chief = sess, g, hp, deadline, is_chief
-        self.total = int(sess.run(g["schedule_total"]))
+        self.total = int(sess.run(g.schedule_total))
         self.decaying = hp.lr_schedule != "noam"
         self.run_steps, self.timer_start, self.timed_from, self.eval_seconds = 0, None, None, []
         if self.decaying and not self.total and not hp.max_minutes:
@@ -83,13 +83,13 @@ class Budget:
 
     def step_budget(self):
         """The global step at which --max_steps or --num_epochs ends training."""
-        epochs = self.hp.num_epochs * self.g["train_num_batches"](0)
+        epochs = self.hp.num_epochs * self.g.train_num_batches(0)
         return min(self.hp.max_steps, epochs) if self.hp.max_steps else epochs
 
     def fix(self, total):
         """Sets the schedule's end step (once; agreed on by every worker) and tells the user."""
-        self.total = distributed.agree_on_total(self.sess, self.g, total, self.is_chief)
-        self.sess.run(self.g["set_schedule_total"], {self.g["new_schedule_total"]: self.total})
+        self.total = distributed.agree_on_total(self.sess, self.g.step, total, self.is_chief)
+        self.sess.run(self.g.set_schedule_total, {self.g.new_schedule_total: self.total})
         print("learning rate: %s decay to 0 at step %d" % (self.hp.lr_schedule, self.total), flush=True)
 
     def last_step(self):
@@ -115,7 +115,7 @@ class Budget:
         rate = (step - self.timed_from) / (now - self.timer_start - sum(self.eval_seconds))  # steps per second
         eval_s = float(np.mean(self.eval_seconds)) if self.eval_seconds else 0.0
         total = steps_in_time(step, rate, self.deadline - now, eval_s,
-                              self.hp.eval_every * self.g["train_num_batches"](0))
+                              self.hp.eval_every * self.g.train_num_batches(0))
         self.fix(min(total, self.step_budget()))
 
 
@@ -156,9 +156,42 @@ def remove_partial_checkpoints(logdir, prefix=None):
     remove_stale_pins(logdir)
 
 
+@dataclasses.dataclass
+class TrainGraph:
+    """What build_graph builds for the training loop."""
+    step: distributed.TrainStep  # loss, train_op, global_step, summaries and the workers' votes
+    # data: one iterator, initialized by train_init (for epoch `epoch`, its first `skip` batches skipped) or
+    # eval_init; xs is its source side (x, x_seqlen, sent1)
+    epoch: tf.Tensor
+    skip: tf.Tensor
+    train_init: tf.Operation
+    eval_init: tf.Operation
+    xs: tuple
+    target_tokens: tf.Tensor  # non-pad target tokens of the batch
+    train_num_batches: collections.abc.Callable  # epoch -> batches in it
+    eval_num_batches: int
+    num_train: int  # training pairs within --maxlen1/--maxlen2 (or truncated)
+    num_over: int  # training pairs over them
+    num_eval: int
+    # dev translation: ids (N, T), scores (N,), attention image
+    eval_ids: tf.Tensor
+    eval_scores: tf.Tensor
+    eval_summaries: tf.Tensor
+    # saved with the weights: [completed epochs, batches done in the current epoch], and the schedule's end step
+    training_state: tf.Variable
+    new_state: tf.Tensor
+    save_state: tf.Tensor
+    schedule_total: tf.Variable
+    new_schedule_total: tf.Tensor
+    set_schedule_total: tf.Tensor
+    weights_finite: tf.Tensor  # every float variable (optimizer slots too) is finite
+    saver: tf1.train.Saver
+    init: tf.Operation
+
+
 def build_graph(hp, manifest, cluster):
     """Train and eval graphs over one iterator, the train step replicated as cluster says (distributed.py).
-    Returns a dict of the ops and tensors the loop needs."""
+    Returns a TrainGraph."""
     tf1.set_random_seed(hp.seed + cluster.process_index)  # workers' dropout differs; initial values are the chief's
     vocab = os.path.join(hp.data_dir, manifest["bpe_vocab"])
     train_files, eval_files = split_paths(hp.data_dir, manifest, "train"), split_paths(hp.data_dir, manifest, "eval")
@@ -173,9 +206,8 @@ def build_graph(hp, manifest, cluster):
                                                 tf1.data.get_output_shapes(train_batches))
     xs, ys = iterator.get_next()
 
-    train = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
+    step = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
     eval_ids, eval_scores, eval_summaries = Transformer(hp).eval(xs, ys)
-    # [completed epochs, batches done in the current epoch], saved with the weights.
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])
@@ -183,18 +215,17 @@ def build_graph(hp, manifest, cluster):
     new_schedule_total = tf1.placeholder(tf.int64, [])
     weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in tf1.global_variables()
                                     if v.dtype.base_dtype.is_floating])
-    return dict(
-        epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
-        eval_init=iterator.make_initializer(eval_batches), train_num_batches=train_num_batches,
-        eval_num_batches=eval_num_batches(), num_train=num_train, num_over=num_over, num_eval=num_eval,
-        xs=xs, target_tokens=tf.reduce_sum(ys[2]), eval_ids=eval_ids, eval_scores=eval_scores,
-        eval_summaries=eval_summaries,
-        training_state=training_state, new_state=new_state,
-        save_state=tf1.assign(training_state, new_state), weights_finite=weights_finite,
-        schedule_total=schedule_total, new_schedule_total=new_schedule_total,
-        set_schedule_total=schedule_total.assign(new_schedule_total),
-        saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints, save_relative_paths=True),
-        init=tf1.global_variables_initializer(), **train)
+    return TrainGraph(
+        step=step, epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
+        eval_init=iterator.make_initializer(eval_batches), xs=xs, target_tokens=tf.reduce_sum(ys[2]),
+        train_num_batches=train_num_batches, eval_num_batches=eval_num_batches(), num_train=num_train,
+        num_over=num_over, num_eval=num_eval, eval_ids=eval_ids, eval_scores=eval_scores,
+        eval_summaries=eval_summaries, training_state=training_state, new_state=new_state,
+        save_state=tf1.assign(training_state, new_state), schedule_total=schedule_total,
+        new_schedule_total=new_schedule_total, set_schedule_total=schedule_total.assign(new_schedule_total),
+        weights_finite=weights_finite, saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints,
+                                                             save_relative_paths=True),
+        init=tf1.global_variables_initializer())
 
 
 def restore_or_init(sess, g, logdir):
@@ -205,35 +236,35 @@ def restore_or_init(sess, g, logdir):
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
-    distributed.agree_on_checkpoint(sess, g, ckpt)
+    distributed.agree_on_checkpoint(sess, g.step, ckpt)
     if ckpt is None:
-        sess.run(g["init"])
+        sess.run(g.init)
         return None
-    restore(sess, ckpt, logdir, g["saver"])
-    g["saver"].recover_last_checkpoints(trained)
+    restore(sess, ckpt, logdir, g.saver)
+    g.saver.recover_last_checkpoints(trained)
     return ckpt
 
 
 def check_splits(g, hp):
     """Refuses a training set that the length limits left empty (saying how many pairs they removed) and an empty
     dev set (whose BLEU means nothing), before anything is written to the logdir."""
-    if not g["num_train"]:
+    if not g.num_train:
         raise UserError("no training pairs left: all %d pairs of %s are longer than --maxlen1 %d / --maxlen2 %d "
                         "pieces (with </s>); raise the limits or pass --truncate"
-                        % (g["num_over"], hp.data_dir, hp.maxlen1, hp.maxlen2))
-    if not g["num_eval"]:
+                        % (g.num_over, hp.data_dir, hp.maxlen1, hp.maxlen2))
+    if not g.num_eval:
         raise UserError("the dev split of %s is empty: rebuild it with prepro.py and a dev set" % hp.data_dir)
 
 
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
     when a translation's score is not finite (as train_epoch does for non-finite weights)."""
-    hypotheses = get_hypotheses(sess, g["eval_init"], g["eval_ids"], g["xs"][2], g["eval_num_batches"], sp,
-                                desc="dev", scores_op=g["eval_scores"])
+    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs[2], g.eval_num_batches, sp,
+                                desc="dev", scores_op=g.eval_scores)
     atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)
-    sess.run(g["eval_init"])
-    writer.add_summary(sess.run(g["eval_summaries"]), step)
+    sess.run(g.eval_init)
+    writer.add_summary(sess.run(g.eval_summaries), step)
     writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(tag="dev_bleu", simple_value=bleu)]), step)
     writer.flush()
     return bleu
@@ -242,14 +273,14 @@ def evaluate(sess, g, hp, sp, references, writer, step, epoch):
 def save(sess, g, hp, epoch, epoch_step, name):
     """Saves weights, optimizer state and [epoch, epoch_step] as logdir/name-STEP. Returns the path.
     A full disk is a DiskFull, with every file of the half-written checkpoint removed."""
-    sess.run(g["save_state"], {g["new_state"]: [epoch, epoch_step]})
+    sess.run(g.save_state, {g.new_state: [epoch, epoch_step]})
     try:
-        return g["saver"].save(sess, os.path.join(hp.logdir, name), global_step=g["global_step"],
+        return g.saver.save(sess, os.path.join(hp.logdir, name), global_step=g.step.global_step,
                                write_meta_graph=False)
     except (tf.errors.OpError, OSError) as error:
         if not (is_disk_full(error) or isinstance(error, tf.errors.ResourceExhaustedError)):
             raise
-        prefix = "%s-%d" % (os.path.join(hp.logdir, name), sess.run(g["global_step"]))
+        prefix = "%s-%d" % (os.path.join(hp.logdir, name), sess.run(g.step.global_step))
         remove_partial_checkpoints(hp.logdir, prefix)
         raise DiskFull("the checkpoint %s" % os.path.basename(prefix), prefix) from None
 
@@ -262,20 +293,20 @@ def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
     Raises FloatingPointError on a non-finite loss, or when the weights or optimizer slots are not finite at the
     end (a non-finite gradient in the last step), so that they are never saved.
     """
-    sess.run(g["train_init"], {g["epoch"]: epoch, g["skip"]: epoch_step})
-    total = g["train_num_batches"](epoch)
+    sess.run(g.train_init, {g.epoch: epoch, g.skip: epoch_step})
+    total = g.train_num_batches(epoch)
     losses, tokens, start = [], 0, time.time()
-    step = sess.run(g["global_step"])
+    step = sess.run(g.step.global_step)
     progress = Progress(total, "epoch %d" % (epoch + 1), initial=epoch_step, unit="batches")
     while step < budget.last_step():
-        any_signal, out_of_time = distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)
+        any_signal, out_of_time = distributed.agree_to_stop(sess, g.step, stop.signal, time.time() >= budget.deadline)
         if any_signal:
             stop.signal = stop.signal or "a stop request of another worker"
         if any_signal or out_of_time:
             break
-        fetches = [g["train_op"], g["loss"], g["target_tokens"]]
+        fetches = [g.step.train_op, g.step.loss, g.target_tokens]
         if (step + 1) % 100 == 0:
-            fetches.append(g["train_summaries"])
+            fetches.append(g.step.summaries)
         try:
             results = sess.run(fetches)
         except tf.errors.OutOfRangeError:
@@ -293,7 +324,7 @@ def train_epoch(sess, g, epoch, epoch_step, writer, stop, budget):
         tokens += batch_tokens
         progress.update(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
     progress.close()
-    if not sess.run(g["weights_finite"]):
+    if not sess.run(g.weights_finite):
         raise FloatingPointError("the weights are not finite after step %d (epoch %d)" % (step, epoch + 1))
     return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time() - start), step
 
@@ -357,7 +388,7 @@ class EventsFile:
 
 def last_good_checkpoint(g):
     """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or None."""
-    existing = [path for path in g["saver"].last_checkpoints if tf1.train.checkpoint_exists(path)]
+    existing = [path for path in g.saver.last_checkpoints if tf1.train.checkpoint_exists(path)]
     return existing[-1] if existing else None
 
 
@@ -386,15 +417,15 @@ def train(hp, manifest, cluster):
         save_hparams(hp, hp.logdir)
     num_params = save_variable_specs(os.path.join(hp.logdir, "specs.txt"))
     print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
-          % (g["num_train"], g["num_over"], "truncated" if hp.truncate else "skipped", g["num_eval"], num_params))
+          % (g.num_train, g.num_over, "truncated" if hp.truncate else "skipped", g.num_eval, num_params))
     sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
         last_ckpt = restore_or_init(sess, g, hp.logdir)
-        epoch, epoch_step = (int(v) for v in sess.run(g["training_state"]))
-        step = sess.run(g["global_step"])
+        epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
+        step = sess.run(g.step.global_step)
         if last_ckpt:
             print("resumed from %s at step %d, epoch %d" % (last_ckpt, step, epoch + 1))
         budget = Budget(sess, g, hp, time.time() + hp.max_minutes * 60 if hp.max_minutes else float("inf"),
@@ -437,10 +468,10 @@ def disk_full(error, g, hp, events):
 def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt):
     """Epochs until the budget ends or a stop request: each ends with a dev evaluation (every --eval_every epochs
     and at the end) and a checkpoint. Returns (global step, epoch, last checkpoint)."""
-    epoch, epoch_step = (int(v) for v in sess.run(g["training_state"]))
-    step = sess.run(g["global_step"])
+    epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
+    step = sess.run(g.step.global_step)
     while epoch < hp.num_epochs and step < budget.last_step() and not (
-            distributed.agree_to_stop(sess, g, stop.signal, time.time() >= budget.deadline)[1]):
+            distributed.agree_to_stop(sess, g.step, stop.signal, time.time() >= budget.deadline)[1]):
         start = time.time()
         epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step, events.writer, stop, budget)
         if stop.signal:
@@ -451,7 +482,7 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
             else:
                 print("%s: stopped at step %d; the chief saves the checkpoint" % (stop.signal, step))
             return step, epoch, last_ckpt
-        if epoch_step >= g["train_num_batches"](epoch):
+        if epoch_step >= g.train_num_batches(epoch):
             epoch, epoch_step = epoch + 1, 0
         name, report = "E%02d_L%.2f" % (epoch, loss), ""
         if not cluster.is_chief:

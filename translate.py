@@ -26,7 +26,6 @@ import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
-import argparse
 import sys
 
 import sentencepiece as spm
@@ -34,11 +33,12 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from data_load import EOS_ID, PAD_ID, UNK_ID, pad
-from hparams import DECODING_FLAGS, Hparams
+from hparams import DECODING_FLAGS, Hparams, parse_flags
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
-from prepro import PrepError, clean_line, decode_lines
-from utils import (UserError, check_ranges, postprocess, restore, restore_hparams, run_cli, session_config,
+from prepro import clean_line, decode_lines
+from errors import UserError, run_cli
+from utils import (check_ranges, load_trained_hparams, postprocess, resolve_precision, restore, session_config,
                    trained_model_files)
 
 tf1 = tf.compat.v1
@@ -75,19 +75,11 @@ def build_parser():
 
 
 def parse_args(argv):
-    """Returns hp (hparams.json of --logdir with the hparams.py flags of argv on top, see utils.restore_hparams)
-    and args (every flag, including those of translate.py alone)."""
-    parser = build_parser()
-    args = parser.parse_intermixed_args(argv)
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    given = vars(parser.parse_intermixed_args(argv))
-    hparams_argv = []
-    for action in Hparams(DECODING_FLAGS).parser._actions:
-        if action.option_strings and action.dest in given:
-            flag = action.option_strings[0]
-            hparams_argv += [flag] if action.nargs == 0 else [flag, str(given[action.dest])]
-    hp = restore_hparams(hparams_argv, DECODING_FLAGS, "translate.py")
+    """Returns hp (hparams.json of --logdir with the hparams.py flags of argv on top) and args (every flag,
+    including those of translate.py alone)."""
+    args, given = parse_flags(build_parser(), argv, intermixed=True)
+    hp = load_trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
+    resolve_precision(hp)
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     check_ranges(args, ("nbest",))
@@ -106,8 +98,6 @@ def read_input(fpath):
         return decode_lines(data, fpath)
     except OSError as error:
         raise UserError("cannot read --input %s: %s" % (fpath, error.strerror)) from None
-    except PrepError as error:
-        raise UserError(str(error)) from None
 
 
 def stdin_lines():

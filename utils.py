@@ -4,7 +4,6 @@ text, translating a whole dataset, and BLEU.
 BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers can be compared with).
 """
 import contextlib
-import errno
 import fcntl
 import glob
 import hashlib
@@ -26,63 +25,11 @@ from tqdm import tqdm
 
 import runtime
 from data_load import EOS_ID, PAD_ID
-from hparams import DECODING_FLAGS, LEGACY_VALUES, MODEL_FLAGS, Hparams, explicit_flags, range_error
+from errors import DiskFull, UserError, is_disk_full
+from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error
 from model import SCHEDULE_TOTAL_STEPS
 
 tf1 = tf.compat.v1
-
-
-class UserError(Exception):
-    """A problem the user can fix (bad flag, missing file, mismatched logdir): reported as one line, no traceback."""
-
-
-class DiskFull(UserError):
-    """No space left on the device (ENOSPC) while writing `what`; the partial file is gone."""
-
-    def __init__(self, what, path):
-        self.what, self.path = what, path
-        super().__init__("no space left on the device while writing %s (%s free on %s)"
-                         % (what, free_space(path), os.path.dirname(os.path.abspath(path))))
-
-
-#: errno values that mean the disk (or the user's quota) is full.
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-def is_disk_full(error):
-    """Whether an OSError, or a TensorFlow error from a file write, says that the disk or quota is full."""
-    if isinstance(error, OSError):
-        return error.errno in DISK_FULL_ERRNOS
-    return isinstance(error, tf.errors.OpError) and ("No space left on device" in str(error)
-                                                      or "Disk quota exceeded" in str(error))
-
-
-def free_space(path):
-    """The space left on the file system holding path (or its nearest existing parent), e.g. "12.0 MB"."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return "%.1f MB" % (shutil.disk_usage(path).free / 1e6)
-
-
-def run_cli(main):
-    """Runs main() and exits with its code; a UserError or a full disk becomes one line on stderr and exit code 2,
-    a Ctrl-C that main() does not handle itself one line and exit code 130."""
-    try:
-        sys.exit(main())
-    except UserError as error:
-        print("error: %s" % error, file=sys.stderr)
-        sys.exit(2)
-    except OSError as error:  # a full disk where no caller names what was written (e.g. translate.py --output)
-        if not is_disk_full(error):
-            raise
-        print("error: no space left on the device%s (%s free)" % (
-            " while writing %s" % error.filename if error.filename else "", free_space(error.filename or ".")),
-            file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
 
 
 def atomic_write(path, text):
@@ -163,40 +110,28 @@ def save_hparams(hp, path):
     atomic_write(os.path.join(path, "hparams.json"), json.dumps(vars(hp), indent=2, sort_keys=True) + "\n")
 
 
-def load_hparams(path):
-    """Reads hparams.json from the directory path into a Namespace."""
-    fpath = os.path.join(path, "hparams.json")
+def load_trained_hparams(logdir, overrides):
+    """The hyperparameters of the model trained in logdir: LOGDIR/hparams.json with `overrides` (a dict of flags
+    the user gave, e.g. hparams.explicit_flags) on top, their ranges checked. Flags added to hparams.py since it was
+    written get the value they stood for then (hparams.LEGACY_VALUES) or their defaults; hp.trained_data_dir is the
+    data dir the model was trained on. An override of the model's shape (hparams.MODEL_FLAGS) with another value
+    is a UserError: the checkpoints hold that shape."""
+    fpath = os.path.join(logdir, "hparams.json")
     if not os.path.exists(fpath):
-        raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, path))
+        raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, logdir))
     saved = read_json(fpath, "it was damaged; restore it from a copy, or write it again with the flags the model "
-                             "was trained with (see %s/specs.txt for its shape)" % path)
+                             "was trained with (see %s/specs.txt for its shape)" % logdir)
     if not isinstance(saved, dict):
         raise UserError("%s is not valid JSON for hyperparameters (not an object): restore it from a copy" % fpath)
-    return Namespace(**saved)
-
-
-def merge_hparams(logdir, given):
-    """LOGDIR/hparams.json with the flags in `given` (a dict of explicitly given flags) on top; flags added to
-    hparams.py since it was written get the value they stood for then (LEGACY_VALUES) or their defaults.
-    trained_data_dir is the data_dir it was trained on.
-    Returns the namespace and the model-shape flags given with another value, as (flag, saved, given) tuples."""
-    saved = {**LEGACY_VALUES, **vars(load_hparams(logdir))}
-    conflicts = [(flag, saved[flag], given[flag]) for flag in MODEL_FLAGS
-                 if flag in given and given[flag] != saved.get(flag)]
-    hp = Hparams().parser.parse_args([], namespace=Namespace(**{**saved, **given}))
+    saved = {**LEGACY_VALUES, **saved}
+    for flag in MODEL_FLAGS:
+        if flag in overrides and overrides[flag] != saved.get(flag):
+            raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
+                            % (logdir, flag, saved.get(flag), overrides[flag]))
+    hp = Hparams().parser.parse_args([], namespace=Namespace(
+        **{**saved, **overrides, "logdir": logdir}))  # the defaults of flags that neither gives
     hp.trained_data_dir = saved["data_dir"]
-    return hp, conflicts
-
-
-def restore_hparams(argv, only=DECODING_FLAGS + ("testdir",), prog="test.py"):
-    """Hyperparameters of a trained model: LOGDIR/hparams.json with the flags given on the command line on top.
-    Only the flags in `only` (where the model is, how to decode) are accepted: the model's shape and the training
-    settings always come from hparams.json."""
-    given = explicit_flags(argv, only, prog)
-    logdir = given.get("logdir", Hparams().parser.get_default("logdir"))
-    hp, _ = merge_hparams(logdir, given)
-    check_ranges(hp, only)
-    resolve_precision(hp)
+    check_ranges(hp, overrides)
     return hp
 
 
@@ -239,7 +174,7 @@ def check_vocab(hp, manifest, trained_data_dir):
         raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
                         "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
                                                     trained_data_dir))
-    if getattr(hp, "vocab_sha256", None) not in (None, vocab_sha256(hp.data_dir, manifest)):
+    if hp.vocab_sha256 not in (None, vocab_sha256(hp.data_dir, manifest)):
         raise UserError("the BPE vocabulary of %s has the model's size %d but other pieces than the one the model "
                         "in %s was trained with: pass the --data_dir it was trained on (%s)"
                         % (hp.data_dir, hp.vocab_size, hp.logdir, trained_data_dir))

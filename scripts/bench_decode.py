@@ -32,8 +32,9 @@ import tensorflow as tf  # noqa: E402
 from data_load import encode, load_data, load_vocab, pad  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
-from utils import (check_vocab, find_checkpoint, load_manifest, resolve_precision, restore,  # noqa: E402
-                   restore_hparams, run_cli, session_config, split_paths)
+from errors import run_cli  # noqa: E402
+from utils import (check_vocab, find_checkpoint, load_manifest, load_trained_hparams, resolve_precision,  # noqa: E402
+                   restore, session_config, split_paths)
 
 tf1 = tf.compat.v1
 
@@ -57,7 +58,8 @@ def parse_args(argv):
 def model_hparams(args):
     """The model's hyperparameters: from --logdir, or the benchmark size with the data dir's vocabulary."""
     if args.logdir:
-        hp = restore_hparams(["--logdir", args.logdir, "--data_dir", args.data_dir, "--threads", str(args.threads)])
+        hp = load_trained_hparams(args.logdir, {"data_dir": args.data_dir, "threads": args.threads})
+        resolve_precision(hp)
         check_vocab(hp, load_manifest(hp.data_dir), hp.trained_data_dir)
         return hp
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),

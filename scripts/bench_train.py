@@ -29,9 +29,9 @@ import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import distributed  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from model import Transformer  # noqa: E402
 from utils import load_manifest, resolve_precision, session_config, split_paths  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -105,7 +105,7 @@ def main(argv=None):
                                  os.path.join(hp.data_dir, manifest["bpe_vocab"]), hp.batch_size, shuffle=True,
                                  batch_type=hp.batch_type, seed=hp.seed, growth=hp.bucket_growth)
     xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
-    loss, train_op, _, _ = Transformer(hp).train(xs, ys)
+    train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys)["train_op"]
     shapes = [tf.shape(xs[0]), tf.shape(ys[1]), tf.reduce_sum(xs[1]), tf.reduce_sum(ys[2])]
     graph_build_s = time.time() - start
     with tf1.Session(config=config) as sess:

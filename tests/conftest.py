@@ -1,7 +1,43 @@
 """The whole suite runs in TF1 graph mode, as the command-line tools do: tests that build their own tf.Graph and
 tests that call train.main()/test.main() in the same process must not mix eager and graph tensors. TensorFlow's
-environment defaults (runtime.py) are set before it is imported, as in the tools."""
+environment defaults (runtime.py) are set before it is imported, as in the tools.
+
+The tests that need a trained model share tiny_model, trained once per session. A test that needs a trained model
+(tiny_model, or test_reliability.py's trained, trained in a subprocess) is marked slow: the quick tier,
+`bash scripts/test.sh -m "not slow"`, trains nothing but a few steps inside single tests."""
+import pytest
+
 import runtime  # noqa: F401
 import tensorflow as tf
 
+from model_fixtures import TINY_MODEL_MAXLEN1
+
 tf.compat.v1.disable_eager_execution()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """(logdir, data_dir) of a 1-block model trained 60 steps on 2000 generated pairs (vocabulary of 300 pieces,
+    --maxlen1 TINY_MODEL_MAXLEN1), trained once for the whole session. Tests only read it: anything they write
+    goes elsewhere (--testdir, --export_dir)."""
+    import prepro
+    import train
+    root = tmp_path_factory.mktemp("tiny_model")
+    data_dir, logdir = str(root / "data"), str(root / "run")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
+                        "--vocab_size", "300", "--data_dir", data_dir]) == 0
+    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60", "--d_model", "32",
+                       "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
+                       "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
+                       "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100"]) == 0
+    return logdir, data_dir
+
+
+#: Fixtures that train a model; every test that uses one, directly or through another fixture, is slow.
+TRAINING_FIXTURES = {"tiny_model", "trained"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if TRAINING_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)

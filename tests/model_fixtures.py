@@ -4,13 +4,17 @@ from types import SimpleNamespace
 import numpy as np
 import tensorflow as tf
 
+import distributed
 from model import BOS_ID, EOS_ID, Transformer
 from modules import label_smoothing
 
 tf1 = tf.compat.v1
 
+#: The source limit of the tiny trained model that tests share (conftest.py tiny_model): 19 pieces and </s>.
+TINY_MODEL_MAXLEN1 = 20
+
 SMALL = dict(vocab_size=40, d_model=32, d_ff=64, num_blocks=2, num_heads=4, dropout_rate=0.0, norm_type="post",
-             smoothing=0.0, lr=3e-3, warmup_steps=50, precision="fp32")
+             smoothing=0.0, lr=3e-3, lr_schedule="noam", warmup_steps=50, precision="fp32")
 
 
 def small_hp(**overrides):
@@ -54,6 +58,12 @@ def build(hp):
     """A model over placeholders in a new default graph (the caller enters graph.as_default())."""
     tf1.set_random_seed(0)
     return Transformer(hp), Placeholders()
+
+
+def train_step(hp, ph):
+    """train.py's training step (--distribute none) over the placeholders ph: a distributed.TrainStep."""
+    cluster = distributed.make_cluster(SimpleNamespace(distribute="none"), tf1.ConfigProto())
+    return distributed.build_train(cluster, hp, ph.xs, ph.ys)
 
 
 def one_hot_smoothed_cross_entropy(logits, labels, vocab_size, epsilon=0.1):

@@ -9,8 +9,10 @@ import tensorflow as tf
 
 import avg_checkpoints
 from model import SCHEDULE_TOTAL_STEPS
-from model_fixtures import build, small_hp
-from utils import UserError, find_checkpoint, restore
+from model_fixtures import build, small_hp, train_step
+from errors import UserError
+from hparams import Hparams
+from utils import find_checkpoint, restore, save_hparams
 
 tf1 = tf.compat.v1
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,20 +24,22 @@ def model():
     their own: (graph, {checkpoint name: variable}, names of the weights)."""
     graph = tf.Graph()
     with graph.as_default():
-        transformer, ph = build(small_hp(num_blocks=1))
-        transformer.train(ph.xs, ph.ys)
+        hp = small_hp(num_blocks=1)
+        _, ph = build(hp)
+        train_step(hp, ph)
         tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64), trainable=False)
         variables = {v.op.name: v for v in tf1.global_variables()}
         return graph, variables, [v.op.name for v in tf1.trainable_variables()]
 
 
 def save_known_checkpoints(logdir, model, seeds_and_steps):
-    """Saves one checkpoint per (seed, step) in logdir as train.py does, every float variable filled with values
-    drawn from seed, global_step = step, training_state = [step, step + 1] and lr_schedule_total_steps = 100 * step.
-    Returns the {name: value} of each."""
+    """Saves hparams.json and one checkpoint per (seed, step) in logdir as train.py does, every float variable
+    filled with values drawn from seed, global_step = step, training_state = [step, step + 1] and
+    lr_schedule_total_steps = 100 * step. Returns the {name: value} of each."""
     graph, variables, _ = model
     saved = []
     os.makedirs(logdir, exist_ok=True)
+    save_hparams(Hparams().parser.parse_args(["--logdir", logdir], namespace=small_hp(num_blocks=1)), logdir)
     with graph.as_default(), tf1.Session() as sess:
         saver = tf1.train.Saver(max_to_keep=5, save_relative_paths=True)
         state = tf1.train.get_checkpoint_state(logdir)
@@ -64,6 +68,7 @@ def logdir(tmp_path):
     return str(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_average_of_two_checkpoints_is_their_mean(logdir, model):
     _, second, third = save_known_checkpoints(logdir, model, [(1, 10), (2, 20), (3, 30)])
     assert avg_checkpoints.main(["--logdir", logdir, "--last", "2"]) == 0
@@ -94,6 +99,7 @@ def test_average_of_two_checkpoints_is_their_mean(logdir, model):
             np.testing.assert_array_equal(value, averaged[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_averaged_checkpoints_are_never_averaged_again(logdir, model):
     _, second, third = save_known_checkpoints(logdir, model, [(1, 10), (2, 20), (3, 30)])
     avg_checkpoints.main(["--logdir", logdir, "--last", "3"])
@@ -104,6 +110,7 @@ def test_averaged_checkpoints_are_never_averaged_again(logdir, model):
     assert os.path.basename(find_checkpoint(logdir)) == "avg_recent-30"
 
 
+@pytest.mark.slow
 def test_fewer_checkpoints_than_asked(logdir, model):
     save_known_checkpoints(logdir, model, [(1, 10), (2, 20)])
     with pytest.raises(UserError, match=r"lists 2 checkpoints written by train.py \(E10-10, E20-20\), "
@@ -111,6 +118,7 @@ def test_fewer_checkpoints_than_asked(logdir, model):
         avg_checkpoints.main(["--logdir", logdir, "--last", "3"])
 
 
+@pytest.mark.slow
 def test_checkpoints_of_different_models(logdir, model):
     save_known_checkpoints(logdir, model, [(1, 10)])
     values = checkpoint_values(os.path.join(logdir, "E10-10"))
@@ -129,6 +137,7 @@ def test_output_must_be_marked_as_averaged(logdir):
         avg_checkpoints.main(["--logdir", logdir, "--last", "2", "--output", "best"])
 
 
+@pytest.mark.slow
 def test_missing_logdir_is_one_line_and_exit_code_2(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "avg_checkpoints.py"),
                              "--logdir", str(tmp_path / "nowhere"), "--last", "5"],
@@ -136,3 +145,15 @@ def test_missing_logdir_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "error: logdir %s not found" % (tmp_path / "nowhere")
     assert "Traceback" not in result.stderr
+
+
+def test_a_directory_that_train_py_did_not_write_is_refused(tmp_path):
+    with pytest.raises(UserError, match="hparams.json not found: is %s a logdir written by train.py" % tmp_path):
+        avg_checkpoints.main(["--logdir", str(tmp_path), "--last", "1"])
+
+
+def test_a_bad_flag_is_one_line_and_exit_code_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        avg_checkpoints.main(["--last", "two"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == ["error: argument --last: invalid int value: 'two'"]

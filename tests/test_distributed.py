@@ -36,11 +36,21 @@ def global_batches():
             for _ in range(STEPS)]
 
 
+def summary_values(serialized):
+    """A Summary proto's values by tag: a scalar's value, an image's (height, width)."""
+    summary = tf1.Summary.FromString(serialized)
+    return {value.tag: value.simple_value if value.WhichOneof("value") == "simple_value"
+            else np.array([value.image.height, value.image.width]) for value in summary.value}
+
+
 def train_steps(sess, g, ph):
-    """Runs one training step per global batch. Returns the losses (STEPS,) and every variable by name."""
-    losses = [sess.run([g["loss"], g["train_op"]], ph.feed(x, y))[0] for x, y in global_batches()]
+    """Runs one training step per global batch. Returns the losses (STEPS,), every variable by name, and the
+    training summaries of the first batch before its step (by tag, see summary_values)."""
+    batches = global_batches()
+    summaries = summary_values(sess.run(g.summaries, ph.feed(*batches[0])))
+    losses = [sess.run([g.loss, g.train_op], ph.feed(x, y))[0] for x, y in batches]
     variables = tf1.global_variables()
-    return np.array(losses), dict(zip([v.name for v in variables], sess.run(variables)))
+    return np.array(losses), dict(zip([v.name for v in variables], sess.run(variables))), summaries
 
 
 def run_worker(ckpt, out):
@@ -66,10 +76,11 @@ def run_worker(ckpt, out):
         distributed.agree_on_checkpoint(sess, g, ckpt)
         saver.restore(sess, ckpt)
         stop_votes = distributed.agree_to_stop(sess, g, "SIGTERM" if task_index else None, False)
-        losses, variables = train_steps(sess, g, ph)
+        losses, variables, summaries = train_steps(sess, g, ph)
     np.savez(out, losses=losses, initial=initial, is_chief=cluster.is_chief, process_index=cluster.process_index,
-             disagreement_found=disagreement_found,
-             stop_votes=stop_votes, **{"var/" + name: value for name, value in variables.items()})
+             disagreement_found=disagreement_found, stop_votes=stop_votes,
+             **{"var/" + name: value for name, value in variables.items()},
+             **{"summary/" + tag: value for tag, value in summaries.items()})
 
 
 def free_ports(count):
@@ -131,11 +142,12 @@ def single_process_reference(ckpt):
     return train
 
 
+@pytest.mark.slow
 def test_two_workers_train_like_one_process(tmp_path, start_workers):
     ckpt, outs = str(tmp_path / "init"), [str(tmp_path / "worker0.npz"), str(tmp_path / "worker1.npz")]
     train_reference = single_process_reference(ckpt)
     workers = start_workers(ckpt, outs)
-    reference_losses, reference_variables = train_reference()
+    reference = train_reference()
     for worker, out in zip(workers, outs):
         worker.wait(timeout=WORKER_TIMEOUT_S)
         with open(out + ".log", errors="replace") as log:
@@ -150,11 +162,21 @@ def test_two_workers_train_like_one_process(tmp_path, start_workers):
     variables = {name[4:]: value for name, value in chief.items() if name.startswith("var/")}
     for name, value in variables.items():
         np.testing.assert_array_equal(value, other["var/" + name], err_msg=name)
-    assert_trained_like_one_process(chief["losses"], variables, reference_losses, reference_variables)
+    summaries = {name[8:]: value for name, value in chief.items() if name.startswith("summary/")}
+    assert_trained_like_one_process(chief["losses"], variables, summaries, *reference)
 
 
-def assert_trained_like_one_process(losses, variables, reference_losses, reference_variables):
-    """Same first loss (1e-4), losses and variables (1e-3) after STEPS steps, global step, and it learned."""
+def assert_trained_like_one_process(losses, variables, summaries, reference_losses, reference_variables,
+                                    reference_summaries):
+    """Same summaries of the first batch (loss, lr, the norm of the gradient summed over replicas, an attention
+    image), same first loss (1e-4), losses and variables (1e-3) after STEPS steps, global step, and it learned."""
+    assert sorted(summaries) == sorted(reference_summaries) == ["attention/image/0", "grad_norm", "loss", "lr"]
+    assert reference_summaries["grad_norm"] > 0.1
+    for tag in "loss", "lr", "grad_norm":
+        np.testing.assert_allclose(summaries[tag], reference_summaries[tag], rtol=1e-5, err_msg=tag)
+    # the first sentence's attention: T2 x T1 of the global batch, or of the first replica's rows, trimmed
+    assert np.all(0 < summaries["attention/image/0"]) and np.all(
+        summaries["attention/image/0"] <= reference_summaries["attention/image/0"])
     assert abs(losses[0] - reference_losses[0]) < 1e-4, (losses[0], reference_losses[0])
     np.testing.assert_allclose(losses, reference_losses, atol=1e-3)
     assert losses[-1] < losses[0] - 0.1
@@ -165,9 +187,10 @@ def assert_trained_like_one_process(losses, variables, reference_losses, referen
             np.testing.assert_allclose(value, reference_variables[name], atol=1e-3, err_msg=name)
 
 
+@pytest.mark.slow
 def test_mirrored_on_two_cpus_matches_one_process(tmp_path):
     ckpt = str(tmp_path / "init")
-    reference_losses, reference_variables = single_process_reference(ckpt)()
+    reference = single_process_reference(ckpt)()
     with tf.Graph().as_default():
         cluster = distributed.make_cluster(SimpleNamespace(distribute="mirrored", devices="/cpu:0,/cpu:1"),
                                            tf1.ConfigProto())
@@ -176,8 +199,8 @@ def test_mirrored_on_two_cpus_matches_one_process(tmp_path):
         assert cluster.strategy.num_replicas_in_sync == 2
         with tf1.Session(cluster.target, config=cluster.config) as sess:
             tf1.train.Saver().restore(sess, ckpt)
-            losses, variables = train_steps(sess, g, ph)
-    assert_trained_like_one_process(losses, variables, reference_losses, reference_variables)
+            trained = train_steps(sess, g, ph)
+    assert_trained_like_one_process(*trained, *reference)
 
 
 def test_one_process_agrees_with_itself_without_running_anything():

@@ -2,6 +2,7 @@
 that translates exactly as test.py does."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -11,28 +12,21 @@ import sentencepiece as spm
 import tensorflow as tf
 
 import export
-import prepro
 import test as test_cli
-import train
-from utils import UserError, read_lines
+from errors import UserError
+from utils import read_lines
 
 tf1 = tf.compat.v1
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVE_EXAMPLE = os.path.join(REPO_ROOT, "scripts", "serve_example.py")
-TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
-              "--max_steps", "30", "--lr", "3e-3", "--warmup_steps", "30", "--test_batch_size", "64"]
 DECODING = ["--beam_size", "2", "--alpha", "0.6"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny numbers data dir and a model trained on it for 30 steps: (root, data_dir, logdir)."""
-    root = tmp_path_factory.mktemp("export")
-    data_dir, logdir = str(root / "data"), str(root / "run")
-    assert prepro.main(["--data_dir", data_dir, "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
-                        "--vocab_size", "300"]) == 0
-    assert train.main(["--data_dir", data_dir, "--logdir", logdir] + TINY_MODEL) == 0
-    return root, data_dir, logdir
+def trained(tiny_model, tmp_path_factory):
+    """(root, data_dir, logdir): the session's tiny model (conftest.py) and a directory for what the tests write."""
+    logdir, data_dir = tiny_model
+    return tmp_path_factory.mktemp("export"), data_dir, logdir
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +93,7 @@ def test_export_refuses_a_non_empty_export_dir(trained, export_dir):
 
 def test_export_of_a_missing_checkpoint(trained, tmp_path):
     _, _, logdir = trained
-    with pytest.raises(UserError, match="checkpoint .*nope-1 not found; checkpoints in .*: .*E02"):
+    with pytest.raises(UserError, match="checkpoint .*nope-1 not found; checkpoints in .*: .*%s$"
+                       % re.escape(tf.train.latest_checkpoint(logdir))):
         export.main(["--logdir", logdir, "--export_dir", str(tmp_path / "x"), "--ckpt", logdir + "/nope-1"])
     assert not os.path.exists(tmp_path / "x")

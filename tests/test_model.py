@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp
+from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1
 
@@ -31,6 +31,7 @@ def test_changing_a_later_target_token_leaves_earlier_outputs_unchanged(norm_typ
     assert np.abs(before[:, 4:] - after[:, 4:]).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("norm_type", ["post", "pre"])
 def test_appending_padding_leaves_real_positions_unchanged(training, norm_type):
@@ -50,15 +51,16 @@ def train_on_a_tiny_batch(hp, steps):
     rng = np.random.RandomState(2)
     x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size)
     with tf.Graph().as_default():
-        model, ph = build(hp)
-        loss, train_op, _, _ = model.train(ph.xs, ph.ys)
+        _, ph = build(hp)
+        step = train_step(hp, ph)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
-            losses = [sess.run([loss, train_op], ph.feed(x, y))[0] for _ in range(steps)]
+            losses = [sess.run([step.loss, step.train_op], ph.feed(x, y))[0] for _ in range(steps)]
             return losses, {v.name: value for v, value in zip(tf1.global_variables(),
                                                              sess.run(tf1.global_variables()))}
 
 
+@pytest.mark.slow
 def test_overfits_a_tiny_batch():
     losses, _ = train_on_a_tiny_batch(small_hp(), 300)
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
@@ -84,6 +86,7 @@ def loss_and_gradients(hp, x, y, reference=False):
             return sess.run([loss_sum, token_count, gradients], ph.feed(x, y))
 
 
+@pytest.mark.slow
 def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss():
     rng = np.random.RandomState(3)
     hp = small_hp(smoothing=0.1)
@@ -96,6 +99,7 @@ def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss()
         np.testing.assert_allclose(gradient, reference, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
     rng = np.random.RandomState(4)
@@ -109,6 +113,7 @@ def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
     assert all(g.dtype == np.float32 for g in mixed_gradients)
 
 
+@pytest.mark.slow
 def test_float16_training_scales_the_loss_and_learns():
     losses, variables = train_on_a_tiny_batch(small_hp(precision="fp16"), 60)
     scale = variables["current_loss_scale:0"]
@@ -138,8 +143,9 @@ def test_variable_names_are_stable():
     """Checkpoints restore across versions only if these names and shapes never change (docs/checkpoint-format.md
     lists them)."""
     with tf.Graph().as_default():
-        model, ph = build(small_hp(num_blocks=1))
-        model.train(ph.xs, ph.ys)
+        hp = small_hp(num_blocks=1)
+        model, ph = build(hp)
+        train_step(hp, ph)
         model.translate(ph.xs, beam_size=2)
         names = {v.name: v.shape.as_list() for v in tf1.trainable_variables()}
     assert names == expected_variables()

@@ -494,6 +494,7 @@ def test_failed_write_keeps_the_old_file(tmp_path):
 # The real Multi30k files
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K_DIR.is_dir(), reason=f"{MULTI30K_DIR} is absent")
 def test_multi30k_files(tmp_path):
     paths = {"train1": "train.de", "train2": "train.en", "eval1": "dev.de", "eval2": "dev.en",
@@ -511,6 +512,7 @@ def test_multi30k_files(tmp_path):
     assert_round_trip(data_dir, splits=("train",))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K_DIR.is_dir(), reason=f"{MULTI30K_DIR} is absent")
 def test_multi30k_download_matches_known_sha256(http_root, tmp_path):
     root, base_url, _ = http_root

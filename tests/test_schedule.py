@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import avg_checkpoints
+import export
 import runtime
 import test as test_cli
 import train
@@ -111,6 +113,7 @@ def data_dir():
     return str(FIXTURE / "numbers")
 
 
+@pytest.mark.slow
 def test_a_step_budget_fixes_the_end_of_the_schedule_from_the_start(data_dir, tmp_path, capsys):
     logdir = str(tmp_path / "run")
     assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "12", "--warmup_steps", "4",
@@ -152,6 +155,7 @@ def v1_logdir(tmp_path):
     return str(logdir)
 
 
+@pytest.mark.slow
 def test_a_v1_checkpoint_resumes_on_the_noam_schedule_it_was_trained_with(data_dir, v1_logdir, capsys):
     assert "lr_schedule" not in json.load(open(os.path.join(v1_logdir, "hparams.json")))
     before = checkpoint_values(os.path.join(v1_logdir, "E00_L5.21_B0.00-3"))
@@ -173,3 +177,12 @@ def test_a_v1_checkpoint_is_tested_like_a_new_one(data_dir, v1_logdir, tmp_path,
     assert test_cli.main(["--logdir", v1_logdir, "--data_dir", data_dir, "--testdir", testdir]) == 0
     results = json.load(open(os.path.join(testdir, "results.json")))
     assert results["sentences"] == 8 and results["checkpoint"].endswith("E00_L5.21_B0.00-3")
+
+
+def test_a_v1_checkpoint_is_exported_and_averaged_like_a_new_one(data_dir, v1_logdir, tmp_path, capsys):
+    """export.py and avg_checkpoints.py read the v1 hparams.json (without lr_schedule) as test.py does."""
+    export_dir = str(tmp_path / "export")
+    assert export.main(["--logdir", v1_logdir, "--data_dir", data_dir, "--export_dir", export_dir]) == 0
+    assert "exported E00_L5.21_B0.00-3 (beam 1, alpha 0.6)" in capsys.readouterr().out
+    assert avg_checkpoints.main(["--logdir", v1_logdir, "--last", "1"]) == 0
+    assert tf.train.latest_checkpoint(v1_logdir).endswith("avg_last1-3")

@@ -1,5 +1,5 @@
 """translate.py: arguments, files and standard input through a pipe; over-long and empty lines; attention PNGs;
-errors as one line. One tiny model is trained once for the module on a numbers corpus built in a temporary dir."""
+errors as one line, with the session's tiny trained model (conftest.py)."""
 import os
 import queue
 import subprocess
@@ -10,29 +10,21 @@ import pytest
 import sentencepiece as spm
 
 import prepro
-import train
 import translate
-from utils import UserError
+from errors import UserError
+from model_fixtures import TINY_MODEL_MAXLEN1
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAXLEN1 = 20  # the model's source limit: 19 pieces and </s>
+MAXLEN1 = TINY_MODEL_MAXLEN1  # the model's source limit: 19 pieces and </s>
 SENTENCE = "Er zählt bis elf."
 OTHER = "dreihundertzehn"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """(logdir, data_dir) of a 1-block model trained 60 steps on 2000 generated pairs with maxlen1 20."""
-    root = tmp_path_factory.mktemp("translate")
-    data_dir, logdir = str(root / "data"), str(root / "run")
-    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
-                        "--vocab_size", "300", "--data_dir", data_dir]) == 0
-    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60", "--d_model", "32",
-                       "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
-                       "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
-                       "--maxlen1", str(MAXLEN1), "--maxlen2", "30", "--eval_every", "100"]) == 0
-    return logdir, data_dir
+@pytest.fixture
+def model(tiny_model):
+    """(logdir, data_dir) of the session's tiny model (conftest.py), trained with --maxlen1 MAXLEN1."""
+    return tiny_model
 
 
 def run_main(capsys, *argv):

@@ -9,7 +9,8 @@ import pytest
 import prepro
 import test as test_cli
 import train
-from hparams import Hparams
+import translate
+from hparams import Hparams, parse_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "1500",
@@ -24,6 +25,7 @@ def data_dir(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_prepro_train_resume_test(data_dir, tmp_path, capsys):
     logdir = str(tmp_path / "run")
     assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "12"] + TINY_MODEL) == 0
@@ -49,6 +51,7 @@ def test_prepro_train_resume_test(data_dir, tmp_path, capsys):
     assert "BLEU = " in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_changing_the_model_shape_of_a_logdir_is_refused(data_dir, tmp_path):
     logdir = str(tmp_path / "run")
     train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "1", "--eval_every", "100"] + TINY_MODEL)
@@ -58,6 +61,7 @@ def test_changing_the_model_shape_of_a_logdir_is_refused(data_dir, tmp_path):
     assert "--d_model 32 but this run asks for 64" in result.stderr
 
 
+@pytest.mark.slow
 def test_every_flag_has_help():
     for action in Hparams().parser._actions:
         assert action.help and len(action.help) > 10, action.dest
@@ -65,3 +69,11 @@ def test_every_flag_has_help():
                                text=True, timeout=60).stdout
     for group in ("data:", "model:", "training:", "decoding:", "testing:"):
         assert group in help_text
+
+
+def test_explicit_flags_are_those_on_the_command_line_even_at_their_default():
+    args, given = parse_flags(Hparams(prog="test").parser, ["--beam_size", "1", "--logdir=runs/x", "--truncate"])
+    assert given == {"beam_size": 1, "logdir": "runs/x", "truncate": True}
+    assert args.beam_size == 1 and args.d_model == 256 and args.truncate
+    args, given = parse_flags(translate.build_parser(), ["eins", "--alpha", "0.5", "zwei"], intermixed=True)
+    assert args.sentences == ["eins", "zwei"] and given["alpha"] == 0.5 and "beam_size" not in given
