@@ -171,10 +171,11 @@ class Translator:
         """Translates any number of sources in batches of similar length; results in order.
 
         Returns a list with, per source, (ids (K, T) ending in </s> then 0s, scores (K,), None)."""
-        del progress
+        from tqdm import tqdm
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         results = [None] * len(sources)
-        for start in range(0, len(order), self.batch_size):
+        starts = range(0, len(order), self.batch_size)
+        for start in tqdm(starts, desc="translating", disable=None if progress else True, leave=False):
             batch = order[start:start + self.batch_size]
             for i, result in zip(batch, self.decode([sources[i] for i in batch])):
                 hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens in result.hypotheses]
@@ -183,3 +184,7 @@ class Translator:
                     row[:len(hypothesis)] = hypothesis
                 results[i] = (ids, np.array(result.scores, np.float32), None)
         return results
+
+    def close(self):
+        """Frees the model's memory."""
+        del self.engine
