@@ -157,15 +157,15 @@ class Translator:
         """The decoding limit of a batch: the longest of ceil(a * source length + b) (model.max_decoding_steps)."""
         return max(int(np.ceil(self.hp.max_len_a * (len(ids) - 1) + self.hp.max_len_b)) for ids in sources)
 
-    def decode(self, sources, max_steps=None, min_steps=1, beam_size=None):
+    def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False):
         """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps at most (the
-        last one may only give </s>; default self.max_steps), min_steps at least."""
+        last one may only give </s>; default self.max_steps), min_steps at least; beam_size default hp's."""
         max_steps = max_steps or self.max_steps(sources)
         return self.engine.translate_batch(
             [[self.sp.id_to_piece(int(i)) for i in ids] for ids in sources],
             beam_size=beam_size or self.hp.beam_size, num_hypotheses=self.nbest, length_penalty=self.hp.alpha,
             max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps - 1,
-            suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True, return_end_token=False)
+            suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True, return_end_token=return_end_token)
 
     def run_batched(self, sources, progress=False):
         """Translates any number of sources in batches of similar length; results in order.
