@@ -186,12 +186,12 @@ class Transformer:
         outputs = dense(tf.reshape(outputs, [-1, 1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
         return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
 
-    def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, cache_rows):
+    def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, head_rows):
         """Self-attention of position `step` over the cache, which it first extends by its own key and value.
 
         dec: (B, 1, d_model). K, V: (B, h, L, d_model/h), the cache. parents: (B,) the rows of the cache each row
         continues (beam search's reordering), or None. qkv_kernel: (kernel, bias) of _self_attention_kernels.
-        cache_rows: (B*h, 2) (sentence, head) pairs in the order of the heads' batch axis.
+        head_rows: (B*h,) the row of position 0 of each (sentence, head) in the cache seen as (B*h*L, d_model/h).
         Returns (B, 1, d_model) and the new cache K, V.
         """
         hp = self.hp
@@ -203,14 +203,13 @@ class Transformer:
             with tf.name_scope("beam_reorder"):  # the copy the write below then updates in place
                 K, V = tf.gather(K, parents), tf.gather(V, parents)
         with tf.name_scope("cache_write"):
-            at_step = tf.pad(cache_rows, [[0, 0], [0, 1]], constant_values=step)  # (B*h, 3): (sentence, head, step)
-            K = tf.tensor_scatter_nd_update(K, at_step, tf.reshape(new_K, [-1, d_head]))  # rows (B*h, d_model/h)
-            V = tf.tensor_scatter_nd_update(V, at_step, tf.reshape(new_V, [-1, d_head]))
+            K, V = (write_in_place(cache, head_rows + step, tf.reshape(new, [-1, d_head]))  # rows (B*h, d_model/h)
+                    for cache, new in ((K, new_K), (V, new_V)))
         future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
         heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
         return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
 
-    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, cache_rows, memory_kv, src_masks):
+    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, head_rows, memory_kv, src_masks):
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
@@ -218,8 +217,7 @@ class Transformer:
             positions 0..step-1 and zeros after (sentence-major, so that beam search can reorder them by
             sentence). L is fixed for the whole batch, so every step runs on the same shapes.
         parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
-        qkv_kernels: _self_attention_kernels(). cache_rows: (B*h, 2) the (sentence, head) pairs of the cache, in
-            the order of the heads' batch axis.
+        qkv_kernels: _self_attention_kernels(). head_rows: (B*h,) see _cached_self_attention.
         memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
@@ -230,7 +228,7 @@ class Transformer:
             for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
-                        dec, K, V = self._cached_self_attention(dec, step, K, V, parents, qkv_kernels[i], cache_rows)
+                        dec, K, V = self._cached_self_attention(dec, step, K, V, parents, qkv_kernels[i], head_rows)
                     new_cache.append((K, V))
                     with tf1.variable_scope("vanilla_attention", reuse=True):
                         Q = dense(sublayer_input(dec, hp.norm_type), hp.d_model, scope="q", dtype=self.dtype)
@@ -248,14 +246,15 @@ class Transformer:
         memory_kv = self._project_memory(memory)
         qkv_kernels = self._self_attention_kernels()
         head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
-        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, tf.reduce_max(max_steps), hp.d_model // hp.num_heads],
-                         self.dtype)
-        cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, L, d_model/h)
-        sentence_head = tf.meshgrid(tf.range(tf.shape(memory)[0]), tf.range(hp.num_heads), indexing="ij")
-        cache_rows = tf.reshape(tf.stack(sentence_head, -1), [-1, 2])  # (B*h, 2)
+        cache_len = tf.reduce_max(max_steps)
+        shape = [tf.shape(memory)[0], hp.num_heads, cache_len, hp.d_model // hp.num_heads]
+        # each (B, h, L, d_model/h); Empty is stateful, so every tensor keeps a buffer of its own to write in place
+        cache = [tuple(tf.raw_ops.Empty(shape=shape, dtype=self.dtype, init=True) for _ in range(2))
+                 for _ in range(hp.num_blocks)]
+        head_rows = tf.range(tf.shape(memory)[0] * hp.num_heads) * cache_len  # (B*h,)
 
         def step_fn(tokens, step, state, parents=None):
-            return self._cached_step(tokens, step, state, parents, qkv_kernels, cache_rows, memory_kv, head_masks)
+            return self._cached_step(tokens, step, state, parents, qkv_kernels, head_rows, memory_kv, head_masks)
         return step_fn, cache
 
     def _uncached_decoder(self, memory, src_masks):
@@ -391,6 +390,16 @@ def force_eos(log_probs, must_end):
     is_eos = tf.equal(tf.range(log_probs.shape[-1]), EOS_ID)  # (V,)
     must_end = tf.reshape(must_end, [-1] + [1] * (len(log_probs.shape) - 1))
     return tf.where(tf.logical_and(must_end, tf.logical_not(is_eos)), tf.cast(NEG_INF, log_probs.dtype), log_probs)
+
+
+def write_in_place(cache, rows, values):
+    """cache (B, ...) seen as rows (R, d) with rows[i] set to values[i] (values: (len(rows), d)), IN PLACE: the
+    buffer of `cache` is overwritten, not copied, so nothing else may read it afterwards. The decoding loops pass
+    each cache tensor only from one step to the next (or through tf.gather, which copies), and the values written
+    at step t + 1 depend on the tokens of step t, which depend on every read of the cache at step t; so each step
+    can write its keys and values without copying the whole cache. Returns the updated cache, in cache's shape."""
+    rows_view = tf.reshape(cache, [-1, values.shape[-1]])  # (R, d), the same buffer
+    return tf.reshape(tf.raw_ops.InplaceUpdate(x=rows_view, i=rows, v=values), tf.shape(cache))
 
 
 def tile_beams(tensor, beam_size):
