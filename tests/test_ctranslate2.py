@@ -1,5 +1,5 @@
 """ctranslate2_engine.py: our weights converted to CTranslate2 decode as our own decoder does (post- and pre-norm,
-several blocks and heads), and int8 export shrinks the weights. Skipped when ctranslate2 is not installed."""
+several blocks and heads), and int8 export shrinks the model. Skipped when ctranslate2 is not installed."""
 import os
 
 import numpy as np
@@ -47,10 +47,12 @@ def test_converted_model_decodes_like_our_cached_greedy(norm_type, tmp_path):
     assert theirs == ours
 
 
-def test_int8_export_quarters_the_weights(tmp_path):
+def test_int8_export_shrinks_the_model(tmp_path):
+    """int8 linear weights; the position table, biases and layer norms stay float32."""
     hp = small_hp(vocab_size=40, d_model=64, d_ff=256)
     with tf.Graph().as_default():
-        build(hp)
+        model, ph = build(hp)
+        model.translate(ph.xs, 1)  # creates every variable
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             variables = tf1.global_variables()
@@ -60,6 +62,7 @@ def test_int8_export_quarters_the_weights(tmp_path):
         spec = ctranslate2_engine.transformer_spec(weights, hp, pieces(hp.vocab_size))
         spec.validate()
         spec.optimize(quantization=quantization)
+        os.makedirs(tmp_path / quantization)
         spec.save(str(tmp_path / quantization))
         sizes[quantization] = os.path.getsize(tmp_path / quantization / "model.bin")
-    assert sizes["int8"] < 0.4 * sizes["float32"], sizes
+    assert sizes["int8"] < 0.5 * sizes["float32"], sizes
