@@ -1,6 +1,8 @@
-"""Exports a trained model as a SavedModel that translates batches of token ids, with its sentencepiece model.
+"""Exports a trained model, with its sentencepiece model, as a SavedModel that translates batches of token ids
+(the default) or as a CTranslate2 model directory.
 
     python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH] [--beam_size 4 --alpha 0.6]
+    python export.py --logdir runs/numbers --export_dir ct2/numbers --format ctranslate2 [--quantization int8]
 
 Signature serving_default:
     input   src_ids  int32 (N, T)    sentencepiece ids of each source sentence followed by </s> (3), padded with 0
@@ -10,6 +12,10 @@ Beam size, alpha and the length limit (max_len_a * source length + max_len_b) ar
 they are those of LOGDIR/hparams.json, as for test.py. The data dir's sentencepiece model is the SavedModel's
 only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates text with tensorflow and
 sentencepiece alone.
+
+--format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16), bpe.model,
+and translate.json (the decoding settings and the model's source length limit) for
+`translate.py --engine ctranslate2 --model EXPORT_DIR`; see ctranslate2_engine.py.
 """
 import os
 
@@ -20,6 +26,7 @@ import tempfile
 
 import tensorflow as tf
 
+import ctranslate2_engine
 from data_load import PAD_ID
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
@@ -45,6 +52,11 @@ def parse_args(argv):
     parser.add_argument("--max_len_a", type=float, help="decode at most max_len_a * source length + max_len_b "
                                                         "steps; default from hparams.json")
     parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
+    parser.add_argument("--format", choices=["savedmodel", "ctranslate2"], default="savedmodel",
+                        help="savedmodel (default): a TensorFlow SavedModel; ctranslate2: a CTranslate2 model "
+                             "directory for translate.py --engine ctranslate2 (needs the ctranslate2 package)")
+    parser.add_argument("--quantization", choices=["float32", "int8", "int16"], default="float32",
+                        help="weight type of --format ctranslate2 (default float32)")
     args = parser.parse_args(argv)
     hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in DECODING_FLAGS
                                             if getattr(args, flag) is not None})
@@ -88,15 +100,43 @@ def save_model(sess, export_dir, inputs, outputs, asset):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
+    """Writes the checkpoint ckpt as a CTranslate2 model directory, through a temporary directory renamed into
+    place."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise UserError("--format ctranslate2 needs the ctranslate2 package: pip install -r requirements.txt") \
+            from None
+    settings = {flag: getattr(hp, flag) for flag in ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")}
+    settings.update(quantization=quantization, checkpoint=os.path.basename(ckpt))
+    parent = os.path.dirname(os.path.abspath(export_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-export-")
+    try:
+        ctranslate2_engine.write_model(ctranslate2_engine.checkpoint_weights(ckpt), hp, bpe_model,
+                                       os.path.join(tmp, "model"), quantization, settings)
+        os.replace(os.path.join(tmp, "model"), export_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ckpt
+
+
 def main(argv=None):
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     args, hp = parse_args(argv)
     manifest, ckpt = trained_model_files(hp, args.ckpt)
+    bpe_model = os.path.join(hp.data_dir, manifest["bpe_model"])
+    if args.format == "ctranslate2":
+        export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
+        print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""
+              % (os.path.basename(ckpt), args.quantization, args.export_dir, args.export_dir))
+        return 0
     with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
-        save_model(sess, args.export_dir, inputs, outputs, os.path.join(hp.data_dir, manifest["bpe_model"]))
+        save_model(sess, args.export_dir, inputs, outputs, bpe_model)
     print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, args.export_dir))
     return 0

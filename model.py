@@ -16,9 +16,10 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
 """
 import tensorflow as tf
 
-from modules import (dense, dropout, ff, get_token_embeddings, ln, merge_heads, multihead_attention, noam_scheme,
-                     output_loss, positional_encoding, scaled_dot_product_attention, split_heads, sublayer_input,
-                     sublayer_output, warmup_decay_scheme)
+from modules import (affine, cross_attention, dense, dropout, ff, fused_dense, fused_dense_variables,
+                     get_token_embeddings, ln, noam_scheme, output_loss, positional_encoding,
+                     scaled_dot_product_attention, self_attention, split_heads, sublayer_input, sublayer_output,
+                     warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
@@ -66,9 +67,8 @@ class Transformer:
             enc = self._embed(x, training)
             for i in range(hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    enc, _ = multihead_attention(enc, None, None, src_masks, hp.num_heads, hp.dropout_rate,
-                                                 training, scope="multihead_attention", norm_type=hp.norm_type,
-                                                 dtype=self.dtype)
+                    enc, _ = self_attention(enc, src_masks, hp.num_heads, hp.dropout_rate, training,
+                                            scope="multihead_attention", norm_type=hp.norm_type, dtype=self.dtype)
                     enc = ff(enc, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
                              norm_type=hp.norm_type, dtype=self.dtype)
             memory = self._final_ln(enc)
@@ -85,12 +85,11 @@ class Transformer:
             dec = self._embed(decoder_input, training)
             for i in range(hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    dec, _ = multihead_attention(dec, None, None, None, hp.num_heads, hp.dropout_rate, training,
-                                                 causality=True, scope="self_attention", norm_type=hp.norm_type,
-                                                 dtype=self.dtype)
-                    dec, attention = multihead_attention(dec, memory, memory, src_masks, hp.num_heads,
-                                                         hp.dropout_rate, training, scope="vanilla_attention",
-                                                         norm_type=hp.norm_type, dtype=self.dtype)
+                    dec, _ = self_attention(dec, None, hp.num_heads, hp.dropout_rate, training, causality=True,
+                                            scope="self_attention", norm_type=hp.norm_type, dtype=self.dtype)
+                    dec, attention = cross_attention(dec, memory, src_masks, hp.num_heads, hp.dropout_rate, training,
+                                                     scope="vanilla_attention", norm_type=hp.norm_type,
+                                                     dtype=self.dtype)
                     dec = ff(dec, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
                              norm_type=hp.norm_type, dtype=self.dtype)
             return self._final_ln(dec), attention
@@ -98,6 +97,10 @@ class Transformer:
     def _logits(self, dec):
         """dec: (N, T, d_model). Returns (N, T, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding
         log-probabilities cast to float32 themselves). The output projection is the transposed embedding matrix."""
+        with tf.name_scope("output_projection"):
+            return self._project(dec)
+
+    def _project(self, dec):
         logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype),
                            tf.cast(self.embeddings, self.dtype), transpose_b=True)  # (N*T, V)
         return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
@@ -128,10 +131,6 @@ class Transformer:
         return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
 
     # ---------------------------------------------------------------- decoding
-    def _heads(self, inputs, scope):
-        """Projection `scope` of inputs (B, T, d_model), split into heads: (B*h, T, d_model/h)."""
-        return split_heads(dense(inputs, self.hp.d_model, scope=scope, dtype=self.dtype), self.hp.num_heads)
-
     def _project_memory(self, memory):
         """Cross-attention keys and values of every decoder block, computed and split into heads once per batch.
 
@@ -141,51 +140,81 @@ class Transformer:
         with tf1.variable_scope("decoder", reuse=True):
             for i in range(self.hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
-                    projections.append((self._heads(memory, "k"), self._heads(memory, "v")))
+                    K, V = fused_dense(memory, self.hp.d_model, ("k", "v"), self.dtype)  # each (B, T1, d_model)
+                    projections.append((split_heads(K, self.hp.num_heads), split_heads(V, self.hp.num_heads)))
         return projections
 
-    def _cached_attention(self, queries, K, V, key_masks, scope):
-        """multihead_attention for one query position whose keys and values are projected and split already.
+    def _self_attention_kernels(self):
+        """Each decoder block's q, k and v kernels side by side, (d_model, 3 d_model), and biases (3 d_model,), in
+        the compute dtype: concatenated and cast once per batch, outside the decoding loop."""
+        kernels = []
+        with tf1.variable_scope("decoder", reuse=True):
+            for i in range(self.hp.num_blocks):
+                with tf1.variable_scope("num_blocks_{}/self_attention".format(i)):
+                    kernel, bias = fused_dense_variables(self.hp.d_model, self.hp.d_model, ("q", "k", "v"))
+                    kernels.append((tf.cast(kernel, self.dtype), tf.cast(bias, self.dtype)))
+        return kernels
 
-        queries: (B, 1, d_model). K, V: (B*h, T_k, d_model/h). key_masks: (B*h, T_k) or None.
-        Returns (B, 1, d_model).
+    def _one_query_attention(self, queries, Q, K, V, key_masks):
+        """The rest of an attention sublayer (scope: the current one) for one query position per row.
+
+        queries: (B, 1, d_model), the sublayer's input. Q: (B, 1, d_model), projected. K, V: (B*h, T_k, d_model/h).
+        key_masks: (B*h, T_k) or (1, T_k) bool, True where a key must not be attended to. Returns (B, 1, d_model).
         """
         hp = self.hp
-        with tf1.variable_scope(scope, reuse=True):
-            x = sublayer_input(queries, hp.norm_type)
-            outputs, _ = scaled_dot_product_attention(self._heads(x, "q"), K, V, key_masks, training=False)
-            outputs = dense(merge_heads(outputs, hp.num_heads), hp.d_model, scope="o", dtype=self.dtype)
-            return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
+        d_head = hp.d_model // hp.num_heads
+        Q = tf.reshape(Q, [-1, 1, d_head])  # (B*h, 1, d_model/h): one position, so no transpose is needed
+        outputs, _ = scaled_dot_product_attention(Q, K, V, key_masks, training=False)  # (B*h, 1, d_model/h)
+        outputs = dense(tf.reshape(outputs, [-1, 1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
+        return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
 
-    def _cached_step(self, tokens, step, cache, cache_rows, memory_kv, src_masks):
+    def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, head_rows):
+        """Self-attention of position `step` over the cache, which it first extends by its own key and value.
+
+        dec: (B, 1, d_model). K, V: (B, h, L, d_model/h), the cache. parents: (B,) the rows of the cache each row
+        continues (beam search's reordering), or None. qkv_kernel: (kernel, bias) of _self_attention_kernels.
+        head_rows: (B*h,) the row of position 0 of each (sentence, head) in the cache seen as (B*h*L, d_model/h).
+        Returns (B, 1, d_model) and the new cache K, V.
+        """
+        hp = self.hp
+        d_head = hp.d_model // hp.num_heads
+        cache_len = tf.shape(K)[2]
+        x = sublayer_input(dec, hp.norm_type)
+        Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, 1, d_model)
+        if parents is not None:
+            with tf.name_scope("beam_reorder"):  # the copy the write below then updates in place
+                K, V = tf.gather(K, parents), tf.gather(V, parents)
+        with tf.name_scope("cache_write"):
+            K, V = (write_in_place(cache, head_rows + step, tf.reshape(new, [-1, d_head]))  # rows (B*h, d_model/h)
+                    for cache, new in ((K, new_K), (V, new_V)))
+        future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
+        heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
+        return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
+
+    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, head_rows, memory_kv, src_masks):
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
         cache: list of num_blocks pairs (K, V), each (B, h, L, d_model/h), the self-attention keys and values of
             positions 0..step-1 and zeros after (sentence-major, so that beam search can reorder them by
             sentence). L is fixed for the whole batch, so every step runs on the same shapes.
-        cache_rows: (B*h, 2) the (sentence, head) pairs of the cache, in the order of the heads' batch axis.
+        parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
+        qkv_kernels: _self_attention_kernels(). head_rows: (B*h,) see _cached_self_attention.
         memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
         hp = self.hp
-        d_head = hp.d_model // hp.num_heads
-        cache_len = tf.shape(cache[0][0])[2]
-        at_step = tf.pad(cache_rows, [[0, 0], [0, 1]], constant_values=step)  # (B*h, 3): (sentence, head, step)
-        future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
             dec = self._embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
             for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
-                        x = sublayer_input(dec, hp.norm_type)
-                        K = tf.tensor_scatter_nd_update(K, at_step, self._heads(x, "k")[:, 0])  # (B*h, d/h) written
-                        V = tf.tensor_scatter_nd_update(V, at_step, self._heads(x, "v")[:, 0])
-                    new_cache.append((K, V))  # (B, h, L, d_model/h)
-                    K, V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
-                    dec = self._cached_attention(dec, K, V, future, "self_attention")
-                    dec = self._cached_attention(dec, mem_K, mem_V, src_masks, "vanilla_attention")
+                        dec, K, V = self._cached_self_attention(dec, step, K, V, parents, qkv_kernels[i], head_rows)
+                    new_cache.append((K, V))
+                    with tf1.variable_scope("vanilla_attention", reuse=True):
+                        Q = dense(sublayer_input(dec, hp.norm_type), hp.d_model, scope="q", dtype=self.dtype)
+                        dec = self._one_query_attention(dec, Q, mem_K, mem_V, src_masks)
                     dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
         return self._logits(dec)[:, 0, :], new_cache
@@ -197,15 +226,17 @@ class Transformer:
         """
         hp = self.hp
         memory_kv = self._project_memory(memory)
+        qkv_kernels = self._self_attention_kernels()
         head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
-        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, tf.reduce_max(max_steps), hp.d_model // hp.num_heads],
-                         self.dtype)
-        cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, L, d_model/h)
-        sentence_head = tf.meshgrid(tf.range(tf.shape(memory)[0]), tf.range(hp.num_heads), indexing="ij")
-        cache_rows = tf.reshape(tf.stack(sentence_head, -1), [-1, 2])  # (B*h, 2)
+        cache_len = tf.reduce_max(max_steps)
+        shape = [tf.shape(memory)[0], hp.num_heads, cache_len, hp.d_model // hp.num_heads]
+        # each (B, h, L, d_model/h); Empty is stateful, so every tensor keeps a buffer of its own to write in place
+        cache = [tuple(tf.raw_ops.Empty(shape=shape, dtype=self.dtype, init=True) for _ in range(2))
+                 for _ in range(hp.num_blocks)]
+        head_rows = tf.range(tf.shape(memory)[0] * hp.num_heads) * cache_len  # (B*h,)
 
-        def step_fn(tokens, step, state):
-            return self._cached_step(tokens, step, state, cache_rows, memory_kv, head_masks)
+        def step_fn(tokens, step, state, parents=None):
+            return self._cached_step(tokens, step, state, parents, qkv_kernels, head_rows, memory_kv, head_masks)
         return step_fn, cache
 
     def _uncached_decoder(self, memory, src_masks):
@@ -343,6 +374,16 @@ def force_eos(log_probs, must_end):
     return tf.where(tf.logical_and(must_end, tf.logical_not(is_eos)), tf.cast(NEG_INF, log_probs.dtype), log_probs)
 
 
+def write_in_place(cache, rows, values):
+    """cache (B, ...) seen as rows (R, d) with rows[i] set to values[i] (values: (len(rows), d)), IN PLACE: the
+    buffer of `cache` is overwritten, not copied, so nothing else may read it afterwards. The decoding loops pass
+    each cache tensor only from one step to the next (or through tf.gather, which copies), and the values written
+    at step t + 1 depend on the tokens of step t, which depend on every read of the cache at step t; so each step
+    can write its keys and values without copying the whole cache. Returns the updated cache, in cache's shape."""
+    rows_view = tf.reshape(cache, [-1, values.shape[-1]])  # (R, d), the same buffer
+    return tf.reshape(tf.raw_ops.InplaceUpdate(x=rows_view, i=rows, v=values), tf.shape(cache))
+
+
 def tile_beams(tensor, beam_size):
     """(N, ...) -> (N*K, ...), each sentence repeated K times in a row."""
     tiled = tf.repeat(tensor[:, None], beam_size, axis=1)  # (N, K, ...)
@@ -374,11 +415,12 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
 
     def body(step, tokens, ids, log_prob, finished, state):
         logits, state = step_fn(tokens, step, state)
-        last = step + 1 >= max_steps  # (N,)
-        log_probs = force_eos(decoding_log_probs(logits), last)  # (N, V)
-        tokens = tf.where(last, EOS_ID, tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
-        tokens = tf.where(finished, PAD_ID, tokens)
-        log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
+        with tf.name_scope("search"):
+            last = step + 1 >= max_steps  # (N,)
+            log_probs = force_eos(decoding_log_probs(logits), last)  # (N, V)
+            tokens = tf.where(last, EOS_ID, tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
+            tokens = tf.where(finished, PAD_ID, tokens)
+            log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
         if append is not None:
             state = append(state, tokens)
         return (step + 1, tokens, tf.concat([ids, tokens[:, None]], 1), log_prob,
@@ -400,7 +442,9 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
 def beam_search(step_fn, state, max_steps, beam_size, alpha):
     """Beam search in one tf.while_loop; finished hypotheses are kept apart from the live ones.
 
-    step_fn(tokens (N*K,), step, state) -> logits (N*K, V), new state; every state tensor is (N*K, ...).
+    step_fn(tokens (N*K,), step, state, parents) -> logits (N*K, V), new state; every state tensor is (N*K, ...),
+    and parents (N*K,) are the rows of the state that the N*K hypotheses continue: step_fn reorders the state
+    itself, as its first use of it (so that it can update the reordered copy in place).
     max_steps: (N,) int32. Each step extends the K live hypotheses of a sentence by every token and keeps the
     2K best extensions: those among the top K that end in </s> compete (score = log p / length_penalty) for the
     K finished slots, the others that do not end in </s> for the K live slots (so K = 1 is greedy decoding).
@@ -412,8 +456,15 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
     n_batch, K = tf.shape(max_steps)[0], beam_size
     batch_pos = tf.range(n_batch)[:, None]  # (N, 1)
 
-    def body(step, alive_ids, alive_log_probs, finished_ids, finished_scores, state):
-        logits, state = step_fn(tf.reshape(alive_ids[:, :, -1], [-1]), step, state)
+    def body(step, alive_ids, alive_log_probs, finished_ids, finished_scores, state, parents):
+        logits, state = step_fn(tf.reshape(alive_ids[:, :, -1], [-1]), step, state, parents)
+        with tf.name_scope("search"):
+            alive_ids, alive_log_probs, finished_ids, finished_scores, parents = extend(
+                step, alive_ids, alive_log_probs, finished_ids, finished_scores, logits)
+        return step + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, state, parents
+
+    def extend(step, alive_ids, alive_log_probs, finished_ids, finished_scores, logits):
+        """The hypotheses after one step: alive_ids, their log-probs, finished_ids, their scores, parents."""
         log_probs = decoding_log_probs(logits)
         vocab_size = log_probs.shape[-1]
         log_probs = force_eos(tf.reshape(log_probs, [n_batch, K, vocab_size]), step + 1 >= max_steps)
@@ -425,26 +476,26 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
 
         live_scores, live = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), K)  # (N, K)
         alive_ids = tf.gather(top_ids, live, batch_dims=1)
-        state = tf.nest.map_structure(
-            lambda s: tf.gather(s, tf.reshape(tf.gather(origin, live, batch_dims=1) + batch_pos * K, [-1])), state)
+        parents = tf.reshape(tf.gather(origin, live, batch_dims=1) + batch_pos * K, [-1])  # (N*K,)
 
         in_beam = tf.range(2 * K)[None, :] < K  # only extensions that rank in the top K may finish
         ended_scores = tf.where(tf.logical_and(ends, in_beam), top_log_probs / length_penalty(step + 1, alpha),
                                 NEG_INF)
         pool_ids = tf.concat([tf.pad(finished_ids, [[0, 0], [0, 0], [0, 1]]), top_ids[:, :, 1:]], 1)  # (N, 3K, t+1)
         finished_scores, best = tf.math.top_k(tf.concat([finished_scores, ended_scores], 1), K)
-        return step + 1, alive_ids, live_scores, tf.gather(pool_ids, best, batch_dims=1), finished_scores, state
+        return alive_ids, live_scores, tf.gather(pool_ids, best, batch_dims=1), finished_scores, parents
 
-    def cond(step, alive_ids, alive_log_probs, finished_ids, finished_scores, state):
+    def cond(step, alive_ids, alive_log_probs, finished_ids, finished_scores, state, parents):
         best_reachable = alive_log_probs[:, 0] / length_penalty(max_steps, alpha)  # (N,)
         done = tf.logical_or(step >= max_steps, finished_scores[:, 0] >= best_reachable)
         return tf.logical_not(tf.reduce_all(done))
 
     first_live = tf.concat([tf.zeros([n_batch, 1]), tf.fill([n_batch, K - 1], NEG_INF)], 1)  # one live start
     loop_vars = (tf.constant(0), tf.fill([n_batch, K, 1], BOS_ID), first_live,
-                 tf.zeros([n_batch, K, 0], tf.int32), tf.fill([n_batch, K], NEG_INF), state)
+                 tf.zeros([n_batch, K, 0], tf.int32), tf.fill([n_batch, K], NEG_INF), state, tf.range(n_batch * K))
     invariants = (tf.TensorShape([]), tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]),
-                  tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]), _state_invariants(state))
-    _, _, _, finished_ids, finished_scores, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants,
-                                                              maximum_iterations=tf.reduce_max(max_steps))
+                  tf.TensorShape([None, beam_size, None]), tf.TensorShape([None, beam_size]), _state_invariants(state),
+                  tf.TensorShape([None]))
+    _, _, _, finished_ids, finished_scores, _, _ = tf.while_loop(
+        cond, body, loop_vars, shape_invariants=invariants, maximum_iterations=tf.reduce_max(max_steps))
     return finished_ids, finished_scores

@@ -15,21 +15,47 @@ tf1 = tf.compat.v1
 MASKED_LOGIT = -1e9
 
 
-def dense(inputs, units, use_bias=True, scope="dense", dtype=tf.float32):
+def dense_variables(d_in, units, scope="dense"):
+    """The variables of a dense layer: `scope/kernel` (d_in, units) and `scope/bias` (units,)."""
+    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
+        kernel = tf1.get_variable("kernel", [d_in, units], initializer=tf1.glorot_uniform_initializer())
+        bias = tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
+    return kernel, bias
+
+
+def affine(inputs, kernel, bias, dtype=tf.float32):
+    """inputs @ kernel + bias over the last axis. inputs: (..., d_in), any float dtype. kernel: (d_in, units).
+    bias: (units,). dtype: of the product and the outputs (kernel and bias are cast to it). Returns (..., units)."""
+    d_in, units = kernel.shape[0], kernel.shape[1]
+    outputs = tf.matmul(tf.cast(tf.reshape(inputs, [-1, d_in]), dtype), tf.cast(kernel, dtype))  # (N*T, units)
+    # BiasAdd, not a broadcasting add: oneDNN fuses it into the matmul, and its gradient is one op
+    outputs = tf.nn.bias_add(outputs, tf.cast(bias, dtype))
+    return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
+
+
+def dense(inputs, units, scope="dense", dtype=tf.float32):
     """Affine map of the last axis (Keras 3 removed tf.compat.v1.layers.dense; this replaces it).
 
     inputs: (..., d_in), any float dtype. dtype: of the product and the outputs (bfloat16 or float16 for mixed
     precision: the variables stay float32 and are cast). Returns (..., units) in dtype.
     Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
     """
-    d_in = inputs.shape[-1]
-    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
-        kernel = tf1.get_variable("kernel", [d_in, units], initializer=tf1.glorot_uniform_initializer())
-        outputs = tf.matmul(tf.cast(tf.reshape(inputs, [-1, d_in]), dtype), tf.cast(kernel, dtype))  # (N*T, units)
-        if use_bias:  # BiasAdd, not a broadcasting add: oneDNN fuses it into the matmul, and its gradient is one op
-            outputs = tf.nn.bias_add(outputs, tf.cast(tf1.get_variable("bias", [units],
-                                                                       initializer=tf1.zeros_initializer()), dtype))
-    return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
+    return affine(inputs, *dense_variables(inputs.shape[-1], units, scope), dtype)
+
+
+def fused_dense_variables(d_in, units, scopes):
+    """The variables of the dense layers `scopes` (each (d_in, units)) concatenated along their outputs, so that one
+    matrix product computes all of them: kernel (d_in, len(scopes) * units), bias (len(scopes) * units,). The
+    variables keep their own names; the gradient of the concatenation splits back into them."""
+    kernels, biases = zip(*(dense_variables(d_in, units, scope) for scope in scopes))
+    return tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
+
+
+def fused_dense(inputs, units, scopes, dtype=tf.float32):
+    """The dense layers `scopes` on the same inputs (..., d_in) as one matrix product (fused_dense_variables).
+    Returns a list of len(scopes) tensors (..., units) in dtype."""
+    kernel, bias = fused_dense_variables(inputs.shape[-1], units, scopes)
+    return tf.split(affine(inputs, kernel, bias, dtype), len(scopes), axis=-1)
 
 
 def dropout(inputs, rate, training):
@@ -157,8 +183,8 @@ def sublayer_input(inputs, norm_type):
 
 
 def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
-    """Residual connection around a sublayer: LN(x + dropout(f)) (post, Sections 3.1 and 5.4) or x + dropout(f)
-    (pre, Xiong et al., 2020, whose stacks end in one more layer norm).
+    """Residual connection around a sublayer: LN(x + dropout(f)) (post, Section 3.1) or x + dropout(f) (pre,
+    Xiong et al., 2020), with dropout on f (Section 5.4).
 
     inputs: (N, T, d_model) float32, the sublayer's input x. outputs: (N, T, d_model), the sublayer's f, in float32
     or a 16-bit float (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
@@ -167,30 +193,56 @@ def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
     return ln(residual) if norm_type == "post" else residual
 
 
-def multihead_attention(queries, keys, values, key_masks, num_heads=8, dropout_rate=0., training=True,
-                        causality=False, scope="multihead_attention", norm_type="post", dtype=tf.float32):
-    """Multi-head attention sublayer with residual connection and layer norm (Sections 3.2.2 and 3.1).
+def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality, dropout_rate, training, norm_type,
+                              dtype):
+    """The part of an attention sublayer after the projections: the heads' attention, the output projection `o`
+    (in the current variable scope), the residual connection and layer norm (Sections 3.2.2 and 3.1).
 
-    queries: (N, T_q, d_model).
-    keys, values: (N, T_k, d_model), or None for self-attention on the queries as the sublayer sees them
-        (with norm_type "pre" that is LN(queries), so self-attention must pass None).
-    key_masks: (N, T_k) bool, True at padding; None attends to every key.
+    queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N, T_q, d_model). K, V: (N, T_k, d_model).
+    key_masks: (N, T_k) bool or None. Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
+    """
+    outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
+    outputs = dense(outputs, queries.shape[-1], scope="o", dtype=dtype)
+    return sublayer_output(queries, outputs, norm_type, dropout_rate, training), attention
+
+
+def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=True, causality=False,
+                   scope="self_attention", norm_type="post", dtype=tf.float32):
+    """Multi-head self-attention sublayer with residual connection and layer norm (Sections 3.2.2 and 3.1; pre-norm:
+    Xiong et al., 2020): queries, keys and values are all projected from the sublayer's input x (LN(inputs) for
+    norm_type "pre"), by one matrix product over the q, k and v kernels side by side.
+
+    inputs: (N, T, d_model). key_masks: (N, T) bool, True at padding; None attends to every key.
+    causality: if True, position t attends only to positions <= t.
     dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision: Q, K, V and the
         heads' outputs stay in it from one product to the next; softmax, residual and layer norm are float32).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
+    Returns outputs (N, T, d_model) and attention weights (N, h, T, T).
+    """
+    with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
+        x = sublayer_input(inputs, norm_type)
+        Q, K, V = fused_dense(x, inputs.shape[-1], ("q", "k", "v"), dtype)  # each (N, T, d_model)
+        return attention_sublayer_output(inputs, Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
+                                         norm_type, dtype)
+
+
+def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., training=True,
+                    scope="vanilla_attention", norm_type="post", dtype=tf.float32):
+    """Multi-head attention of the decoder over the encoder's output, with residual connection and layer norm
+    (Sections 3.2.2 and 3.2.3): queries are projected from the sublayer's input x (LN(queries) for norm_type "pre"),
+    keys and values from memory, by one matrix product over the k and v kernels side by side.
+
+    queries: (N, T_q, d_model). memory: (N, T_k, d_model), the encoder's output. key_masks: (N, T_k) bool, True at
+    padding. dtype: as for self_attention. Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
     d_model = queries.shape[-1]
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(queries, norm_type)
-        keys = x if keys is None else keys
-        values = x if values is None else values
         Q = dense(x, d_model, scope="q", dtype=dtype)  # (N, T_q, d_model)
-        K = dense(keys, d_model, scope="k", dtype=dtype)  # (N, T_k, d_model)
-        V = dense(values, d_model, scope="v", dtype=dtype)  # (N, T_k, d_model)
-        outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
-        outputs = dense(outputs, d_model, scope="o", dtype=dtype)
-        return sublayer_output(queries, outputs, norm_type, dropout_rate, training), attention
+        K, V = fused_dense(memory, d_model, ("k", "v"), dtype)  # each (N, T_k, d_model)
+        return attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, False, dropout_rate, training,
+                                         norm_type, dtype)
 
 
 def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post",

@@ -3,12 +3,13 @@
     python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."   # one line each
     python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]          # batched, in order
     python translate.py --logdir runs/multi30k                # standard input: each line printed when done
+    python translate.py --engine ctranslate2 --model ct2/multi30k "Ein Mann schläft."   # export.py --format ctranslate2
     options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH --test_batch_size 128
 
 The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py (--beam_size,
 --alpha, --max_len_a, --max_len_b, --ckpt, --data_dir, --test_batch_size) go on top. Input is UTF-8 raw text,
 cleaned as prepro.py cleans training text (NFC, whitespace runs as one space) and segmented with the data
-dir's bpe.model.
+dir's bpe.model. With --engine ctranslate2 the model, its bpe.model and decoding settings come from --model DIR.
 
 Every input line gives exactly one output line (with --nbest N: up to N lines `LINE ||| TRANSLATION ||| SCORE`,
 LINE counted from 0, best first). Notes go to standard error:
@@ -22,6 +23,7 @@ LINE counted from 0, best first). Notes go to standard error:
 --plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE counted
 from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last decoder block.
 """
+import argparse
 import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
@@ -32,6 +34,7 @@ import sentencepiece as spm
 import tensorflow as tf
 from tqdm import tqdm
 
+import ctranslate2_engine
 from data_load import EOS_ID, PAD_ID, UNK_ID, pad
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from model import NEG_INF, Transformer, max_decoding_steps
@@ -71,21 +74,48 @@ def build_parser():
     group.add_argument("--plot_attention", default="", metavar="DIR",
                        help="write attention heat maps (PNG) of every translated line and of the positional "
                             "encoding to DIR")
+    group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
+                       help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the model directory "
+                            "--model written by export.py --format ctranslate2 (its decoding settings, which the "
+                            "decoding flags override)")
+    group.add_argument("--model", default="", metavar="DIR",
+                       help="with --engine ctranslate2: the exported model directory")
     return parser
 
 
 def parse_args(argv):
-    """Returns hp (hparams.json of --logdir with the hparams.py flags of argv on top) and args (every flag,
-    including those of translate.py alone)."""
+    """Returns hp (hparams.json of --logdir, or the settings of an exported CTranslate2 --model, with the decoding
+    flags of argv on top) and args (every flag, including those of translate.py alone)."""
     args, given = parse_flags(build_parser(), argv, intermixed=True)
-    hp = load_trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
-    resolve_precision(hp)
+    if args.engine == "ctranslate2":
+        hp = ctranslate2_hparams(args, given)
+    else:
+        hp = load_trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
+        resolve_precision(hp)
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     check_ranges(args, ("nbest",))
     if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
     return hp, args
+
+
+def ctranslate2_hparams(args, given):
+    """The settings of --model DIR (export.py --format ctranslate2) with the decoding flags given on top."""
+    if not args.model:
+        raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py --format "
+                        "ctranslate2")
+    if args.plot_attention:
+        raise UserError("--plot_attention needs --engine tensorflow")
+    try:
+        settings = ctranslate2_engine.read_settings(args.model)
+    except (OSError, ValueError):
+        raise UserError("--model %s is not a directory written by export.py --format ctranslate2 (no readable %s)"
+                        % (args.model, ctranslate2_engine.SETTINGS_FILE)) from None
+    hp = argparse.Namespace(**{**settings, "test_batch_size": args.test_batch_size, "threads": args.threads})
+    vars(hp).update({flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b") if flag in given})
+    check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
+    return hp
 
 
 # ---------------------------------------------------------------- text in
@@ -216,6 +246,20 @@ class Translator:
                 results[i] = (ids[row], scores[row], None if attention is None else attention[row])
         return results
 
+    def close(self):
+        self.sess.close()
+
+
+def ctranslate2_translator(model_dir, hp, nbest):
+    """A ctranslate2_engine.Translator for --model DIR; a UserError when ctranslate2 is missing."""
+    try:
+        return ctranslate2_engine.Translator(model_dir, hp, nbest, threads=hp.threads)
+    except ImportError:
+        raise UserError("--engine ctranslate2 needs the ctranslate2 package: pip install -r requirements.txt") \
+            from None
+    except RuntimeError as error:
+        raise UserError("cannot load the CTranslate2 model in %s: %s" % (model_dir, error)) from None
+
 
 # ---------------------------------------------------------------- text out
 def nbest_texts(part_results, sp):
@@ -308,10 +352,14 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp, args = parse_args(argv)
-    manifest, ckpt = trained_model_files(hp, hp.ckpt)
     lines = read_input(args.input) if args.input else args.sentences
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
-    translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
+    if args.engine == "ctranslate2":
+        translator = ctranslate2_translator(args.model, hp, args.nbest)
+        sp = translator.sp
+    else:
+        manifest, ckpt = trained_model_files(hp, hp.ckpt)
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+        translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
     plots = AttentionPlots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
@@ -321,7 +369,7 @@ def main(argv=None):
         else:
             translate_stream(translator, sp, limit, args, plots, out)
     finally:
-        translator.sess.close()
+        translator.close()
         if args.output:
             out.close()
     return 0

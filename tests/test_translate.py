@@ -154,3 +154,30 @@ def test_errors_are_one_line_without_traceback(model, tmp_path):
                         "--vocab_size", "250", "--data_dir", other_vocab]) == 0
     with pytest.raises(UserError, match="vocab size 250 of %s does not match vocab size 300" % other_vocab):
         translate.main(["--logdir", logdir, "--data_dir", other_vocab, SENTENCE])
+
+
+def test_ctranslate2_engine_prints_our_greedy_translations(model, capsys, tmp_path):
+    """The model converted by export.py --format ctranslate2 and run by translate.py --engine ctranslate2 (one
+    sentence per batch, so that each gets its own length limit) against the TensorFlow engine, greedy."""
+    pytest.importorskip("ctranslate2")
+    import export
+    logdir, data_dir = model
+    export_dir = str(tmp_path / "ct2")
+    assert export.main(["--logdir", logdir, "--export_dir", export_dir, "--format", "ctranslate2"]) == 0
+    capsys.readouterr()
+    test1 = os.path.join(data_dir, "test.1")
+    ours, _ = run_main(capsys, "--logdir", logdir, "--input", test1, "--beam_size", "1")
+    theirs, _ = run_main(capsys, "--engine", "ctranslate2", "--model", export_dir, "--input", test1,
+                         "--beam_size", "1", "--test_batch_size", "1")
+    assert len(ours) == len(theirs) == 50 and len(set(ours)) >= 10, ours
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.98 * len(ours), [(a, b) for a, b in zip(ours, theirs) if a != b]
+
+
+def test_ctranslate2_engine_without_a_model_dir_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "translate.py", "--engine", "ctranslate2", "--model", str(tmp_path),
+                             "Ein Satz."], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --model %s is not a directory written by export.py --format ctranslate2 (no readable "
+        "translate.json)" % tmp_path]
