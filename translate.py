@@ -33,11 +33,11 @@ import sentencepiece as spm
 import tensorflow as tf
 from tqdm import tqdm
 
-from data_load import EOS_ID, PAD_ID, UNK_ID, pad
+from data_load import pad
 from hparams import DECODING_FLAGS, Hparams
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
-from prepro import PrepError, clean_line, decode_lines
+from textio import EOS_ID, PAD_ID, UNK_ID, PrepError, clean_line, decode_lines
 from utils import (UserError, check_ranges, postprocess, restore, restore_hparams, run_cli, session_config,
                    trained_model_files)
 
