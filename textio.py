@@ -5,6 +5,7 @@ Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n'
 """
 import gzip
 import hashlib
+import io
 import json
 import os
 import unicodedata
@@ -72,24 +73,31 @@ def sha256_file(path):
 # Reading and cleaning text
 
 
-def decode_lines(data, name):
-    """Split UTF-8 ``data`` into lines; '\\r\\n' and a missing final newline are fine.
+#: The byte-order mark some editors put at the start of a UTF-8 file.
+UTF8_BOM = b"\xef\xbb\xbf"
 
-    Raises PrepError naming ``name`` and the line number on invalid UTF-8.
+
+def lines_of(handle, name):
+    """Yield the lines of a binary file object as str, one at a time, without their '\\n' or '\\r\\n'; a
+    missing final newline and a byte-order mark are fine.
+
+    Raises PrepError naming ``name``, the line and the byte column on invalid UTF-8.
     """
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line_number = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise PrepError(f"{name}: line {line_number} is not valid UTF-8 (byte 0x{data[error.start]:02x} at "
-                        f"byte column {column}); convert the file to UTF-8 (e.g. with iconv)") from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    for line_number, raw in enumerate(handle, 1):
+        if line_number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM):]
+        raw = raw[:-1] if raw.endswith(b"\n") else raw
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise PrepError(f"{name}: line {line_number} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at "
+                            f"byte column {error.start + 1}); convert the file to UTF-8 (e.g. with iconv)") from None
+
+
+def decode_lines(data, name):
+    """The lines of UTF-8 ``data`` (bytes) as a list (see lines_of)."""
+    return list(lines_of(io.BytesIO(data), name))
 
 
 #: The first bytes of every gzip file.
@@ -109,17 +117,28 @@ def gunzip(data, name):
         raise PrepError(f"{name} is not a valid gzip file ({error})") from None
 
 
-def read_lines(path):
-    """Read a UTF-8 text file, gzip-compressed or not, into a list of lines (see decode_lines)."""
+def iter_lines(path):
+    """Yield the lines of a UTF-8 text file, gzip-compressed or not (whatever it is called), one at a time
+    (see lines_of): a file of any size is read in constant memory. Raises PrepError on a missing, unreadable
+    or damaged file."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as raw:
+            handle = gzip.GzipFile(fileobj=raw) if raw.read(2) == GZIP_MAGIC else raw
+            raw.seek(0)
+            yield from lines_of(handle, str(path))
     except FileNotFoundError:
         raise PrepError(f"file not found: {path}") from None
     except IsADirectoryError:
         raise PrepError(f"{path} is a directory, not a file") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise PrepError(f"{path} is not a valid gzip file ({error})") from None
     except OSError as error:
         raise PrepError(f"cannot read {path}: {error.strerror}") from None
-    return decode_lines(gunzip(data, str(path)), str(path))
+
+
+def read_lines(path):
+    """The lines of a text file as a list (see iter_lines)."""
+    return list(iter_lines(path))
 
 
 def clean_line(line):
