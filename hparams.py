@@ -122,7 +122,8 @@ class Hparams:
                            help="with --distribute mirrored: comma-separated devices, e.g. /gpu:0,/gpu:1 (default "
                                 "every GPU) or /cpu:0,/cpu:1 to try it on a CPU")
         group.add_argument("--threads", type=int, default=0,
-                           help="intra-op threads for the session; 0 uses every core")
+                           help="threads for each op's kernel (intra-op) and for running independent ops side by side "
+                                "(inter-op); 0 uses every core this process may run on")
 
     @staticmethod
     def _add_decoding(group):

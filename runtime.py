@@ -79,13 +79,18 @@ def choose_precision(requested, flags, max_isa=None, has_gpu=False):
     return requested, None
 
 
+def usable_cores():
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow), else all."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def machine_summary():
     """{"cpu": model name, "isa_flags": the REPORTED_FLAGS this CPU has, "onednn_max_cpu_isa": the cap or None,
     "cores": usable cores} for reports and benchmarks."""
     model, flags = cpu_info()
     return {"cpu": model, "isa_flags": [flag for flag in REPORTED_FLAGS if flag in flags],
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            "cores": usable_cores()}
 
 
 def onednn_isa():

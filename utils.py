@@ -140,9 +140,11 @@ def read_json(fpath, remedy):
 
 
 def session_config(hp):
-    """Session settings: intra-op threads from --threads (0: every core), one inter-op thread per two cores."""
-    return tf1.ConfigProto(intra_op_parallelism_threads=hp.threads,
-                           inter_op_parallelism_threads=max(1, (hp.threads or os.cpu_count() or 2) // 2))
+    """Session settings: --threads intra-op threads (0: every core) and as many inter-op threads, so that the
+    small independent ops of a step (layer norms, softmaxes, bias adds, Adam's updates) overlap instead of queueing
+    behind each other (docs/performance.md has the measurement)."""
+    threads = hp.threads or runtime.usable_cores()
+    return tf1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
 
 
 def save_hparams(hp, path):

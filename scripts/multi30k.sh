@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Multi30k German->English recipe in MINUTES of wall time (default 60), end to end: installs into .venv, then
-# prepro -> train (learning rate decaying to 0 at the budget's end) -> average the last checkpoints -> test2016
-# greedy and beam 4; prints a results table with the CPU it ran on and writes it to runs/multi30k_MINUTESm/recipe.json.
+# prepro -> train (learning rate decaying to 0 at the budget's end) -> test2016 greedy and beam 4 (length penalty
+# 1.0); prints a results table with the CPU it ran on and writes it to runs/multi30k_MINUTESm/recipe.json.
 #   bash scripts/multi30k.sh [MINUTES] [--logdir DIR] [--data_dir DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -87,6 +87,17 @@ def test_an_explicit_bf16_without_native_bfloat16_is_kept_with_a_warning():
     assert runtime.choose_precision("fp32", {"avx512_bf16"}) == ("fp32", None)
 
 
+def test_threads_set_both_pools_and_zero_means_the_usable_cores(monkeypatch):
+    from argparse import Namespace
+
+    import utils
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    config = utils.session_config(Namespace(threads=0))
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, 3)
+    config = utils.session_config(Namespace(threads=1))
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (1, 1)
+
+
 def test_a_missing_cpuinfo_means_no_flags(tmp_path):
     assert runtime.cpu_info(str(tmp_path / "absent")) == ("unknown", set())
 
