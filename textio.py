@@ -14,7 +14,10 @@ import zlib
 from pathlib import Path
 
 #: The ids every sentencepiece model of the toolkit is trained with (prepro.py) and every graph relies on.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
 SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID}
 
 
