@@ -20,13 +20,12 @@ import math
 import numpy as np
 import tensorflow as tf
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, read_lines  # noqa: F401  (PAD_ID: for the tools that import it from here)
 
 
 def load_vocab(vocab_fpath):
     """Reads a sentencepiece .vocab file (line i: "piece<TAB>score" of id i). Returns token2idx, idx2token."""
-    with open(vocab_fpath, encoding="utf-8") as f:
-        idx2token = [line.split("\t")[0] for line in f.read().splitlines()]
+    idx2token = [line.split("\t")[0] for line in read_lines(vocab_fpath)]
     token2idx = {token: idx for idx, token in enumerate(idx2token)}
     return token2idx, dict(enumerate(idx2token))
 
@@ -38,9 +37,7 @@ def load_data(fpath1, fpath2, maxlen1=None, maxlen2=None, truncate=False):
     `truncate`). None keeps every pair, as evaluation must.
     Returns sents1, sents2 (lists of str) and the number of pairs skipped or truncated.
     """
-    with open(fpath1, encoding="utf-8") as f1, open(fpath2, encoding="utf-8") as f2:
-        lines1, lines2 = f1.read().split("\n"), f2.read().split("\n")
-    lines1, lines2 = lines1[:-1] if lines1[-1] == "" else lines1, lines2[:-1] if lines2[-1] == "" else lines2
+    lines1, lines2 = read_lines(fpath1), read_lines(fpath2)
     if len(lines1) != len(lines2):
         raise ValueError("%s has %d lines but %s has %d" % (fpath1, len(lines1), fpath2, len(lines2)))
     if maxlen1 is None and maxlen2 is None:

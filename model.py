@@ -20,10 +20,10 @@ from modules import (affine, cross_attention, dense, dropout, ff, fused_dense, f
                      get_token_embeddings, ln, noam_scheme, output_loss, positional_encoding,
                      scaled_dot_product_attention, self_attention, split_heads, sublayer_input, sublayer_output,
                      warmup_decay_scheme)
+from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (PAD_ID: for the modules that import it from here)
 
 tf1 = tf.compat.v1
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 #: dtype of the matrix products and of the activations between them, for each --precision.
 COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 #: Stands in for log(0) in decoding: finite, so sums and differences never turn into NaN.

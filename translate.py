@@ -35,12 +35,12 @@ import tensorflow as tf
 from tqdm import tqdm
 
 import ctranslate2_engine
-from data_load import EOS_ID, PAD_ID, UNK_ID, pad
+from data_load import pad
+from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
-from prepro import clean_line, decode_lines
-from errors import UserError, run_cli
+from textio import EOS_ID, PAD_ID, UNK_ID, clean_line, decode_lines
 from utils import (check_ranges, load_trained_hparams, postprocess, resolve_precision, restore, session_config,
                    trained_model_files)
 

@@ -24,31 +24,20 @@ import tensorflow as tf
 from tqdm import tqdm
 
 import runtime
-from data_load import EOS_ID, PAD_ID
+import textio
 from errors import DiskFull, UserError, is_disk_full
 from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error
 from model import SCHEDULE_TOTAL_STEPS
+from textio import EOS_ID, PAD_ID, read_lines  # noqa: F401  (read_lines: for the tools that import it from here)
 
 tf1 = tf.compat.v1
 
 
 def atomic_write(path, text):
-    """Writes text to path through a temporary file in the same directory and os.replace, so that a reader
-    (or a kill -9) sees either the old or the new file, never a torn one. A full disk is a DiskFull naming path,
-    with the old file (if any) untouched."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = None
+    """textio.atomic_write, with a full disk reported as a DiskFull naming path (the old file is untouched)."""
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as error:
-        if tmp and os.path.exists(tmp):
-            os.remove(tmp)
+        textio.atomic_write(path, text)
+    except OSError as error:
         if is_disk_full(error):
             raise DiskFull(path, path) from None
         raise
@@ -470,12 +459,6 @@ class Progress:
 
     def close(self):
         self.bar.close()
-
-
-def read_lines(fpath):
-    """Lines of a UTF-8 text file without their line endings."""
-    with open(fpath, encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 def calc_bleu(references, hypotheses):

@@ -15,6 +15,10 @@ import pytest
 import sentencepiece as spm
 
 import prepro
+from corpora import SPLITS
+from corpora.download import MULTI30K_FILES
+from corpora.numbers import date_pair, english_cardinal, english_year, german_cardinal, numbers_corpus
+from textio import atomic_write, clean_line, decode_lines, sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MULTI30K_DIR = REPO_ROOT.parent / "shared/data/multi30k"
@@ -130,24 +134,24 @@ def http_root(tmp_path, monkeypatch):
      "nine hundred and ninety-nine thousand nine hundred and ninety-nine"),
 ])
 def test_number_words(number, german, english):
-    assert prepro.german_cardinal(number) == german
-    assert prepro.english_cardinal(number) == english
+    assert german_cardinal(number) == german
+    assert english_cardinal(number) == english
 
 
 def test_date_words():
-    assert prepro.date_pair(1984, 3, 21, 0) == ("der einundzwanzigste März neunzehnhundertvierundachtzig",
+    assert date_pair(1984, 3, 21, 0) == ("der einundzwanzigste März neunzehnhundertvierundachtzig",
                                                 "the twenty-first of March nineteen eighty-four")
-    assert prepro.date_pair(2014, 7, 3, 2) == ("Sie wurde am dritten Juli zweitausendvierzehn geboren.",
+    assert date_pair(2014, 7, 3, 2) == ("Sie wurde am dritten Juli zweitausendvierzehn geboren.",
                                                "She was born on the third of July two thousand and fourteen.")
-    assert prepro.english_year(1905) == "nineteen oh five"
+    assert english_year(1905) == "nineteen oh five"
 
 
 def test_numbers_corpus_is_deterministic_and_disjoint():
-    corpus = prepro.numbers_corpus(2000, 200, 200, seed=5)
-    assert corpus == prepro.numbers_corpus(2000, 200, 200, seed=5)
-    assert corpus != prepro.numbers_corpus(2000, 200, 200, seed=6)
-    sources = {split: set(corpus[split][0]) for split in prepro.SPLITS}
-    assert [len(sources[split]) for split in prepro.SPLITS] == [2000, 200, 200]
+    corpus = numbers_corpus(2000, 200, 200, seed=5)
+    assert corpus == numbers_corpus(2000, 200, 200, seed=5)
+    assert corpus != numbers_corpus(2000, 200, 200, seed=6)
+    sources = {split: set(corpus[split][0]) for split in SPLITS}
+    assert [len(sources[split]) for split in SPLITS] == [2000, 200, 200]
     assert not sources["train"] & sources["eval"]
     assert not sources["train"] & sources["test"]
     assert not sources["eval"] & sources["test"]
@@ -199,7 +203,7 @@ def test_special_ids_are_fixed(numbers_dir):
     assert [line.split("\t")[0] for line in vocab] == [processor.id_to_piece(i) for i in range(300)]
 
 
-def assert_round_trip(data_dir, splits=prepro.SPLITS):
+def assert_round_trip(data_dir, splits=SPLITS):
     """decode(encode(s)) == s for every line, and the .bpe files hold encode(s)."""
     processor = spm.SentencePieceProcessor(model_file=str(data_dir / "bpe.model"))
     checked = 0
@@ -269,10 +273,10 @@ def test_train_drops_empty_pairs_and_reports_the_rest(tmp_path, capsys):
 
 
 def test_windows_line_endings_and_missing_final_newline():
-    assert prepro.decode_lines(b"a\r\nb\r\n\r\nc", "x") == ["a", "b", "", "c"]
-    assert prepro.decode_lines(b"\xef\xbb\xbfa\n\n", "x") == ["a", ""]
-    assert prepro.decode_lines(b"", "x") == []
-    assert prepro.clean_line("  a\u00a0 b\tc \r") == "a b c"
+    assert decode_lines(b"a\r\nb\r\n\r\nc", "x") == ["a", "b", "", "c"]
+    assert decode_lines(b"\xef\xbb\xbfa\n\n", "x") == ["a", ""]
+    assert decode_lines(b"", "x") == []
+    assert clean_line("  a\u00a0 b\tc \r") == "a b c"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,10 +369,10 @@ def test_multi30k_download(http_root, tmp_path, capsys):
 
     assert run_prepro(*args, "--no_verify") == 0
     manifest = read_manifest(data_dir)
-    assert [manifest["splits"][split]["lines"] for split in prepro.SPLITS] == [300, 5, 4]
+    assert [manifest["splits"][split]["lines"] for split in SPLITS] == [300, 5, 4]
     assert raw_lines(data_dir / "eval.1") == toy_sentences(5, GERMAN_WORDS, 1)
     assert len(manifest["downloads"]) == 6
-    assert manifest["downloads"][0]["sha256"] == prepro.sha256_file(data_dir / "download" / "train.de.gz")
+    assert manifest["downloads"][0]["sha256"] == sha256_file(data_dir / "download" / "train.de.gz")
 
     served = len(requests)
     assert run_prepro(*args, "--no_verify") == 0
@@ -414,11 +418,11 @@ def test_iwslt2016_download(http_root, tmp_path):
     assert run_prepro("--dataset", "iwslt2016", "--url", f"{base_url}/de-en.tgz", "--vocab_size", "80",
                       "--data_dir", data_dir) == 0
     manifest = read_manifest(data_dir)
-    assert [manifest["splits"][split]["lines"] for split in prepro.SPLITS] == [300, 3, 2]
+    assert [manifest["splits"][split]["lines"] for split in SPLITS] == [300, 3, 2]
     assert raw_lines(data_dir / "train.1")[0] == toy_sentences(1, GERMAN_WORDS, 4)[0]
     assert raw_lines(data_dir / "eval.1") == toy_sentences(3, GERMAN_WORDS, 6)
     assert raw_lines(data_dir / "test.2") == ["A & B 0", "A & B 1"]
-    assert manifest["downloads"][0]["sha256"] == prepro.sha256_file(root / "de-en.tgz")
+    assert manifest["downloads"][0]["sha256"] == sha256_file(root / "de-en.tgz")
 
 
 def add_parent_escape(tar):
@@ -462,7 +466,7 @@ def test_missing_remote_file_gives_one_clear_line(http_root, tmp_path, capsys):
 
 def test_corrupt_gzip_is_rejected_and_removed(http_root, tmp_path, capsys):
     root, base_url, _ = http_root
-    for name in prepro.MULTI30K_FILES.values():
+    for name in MULTI30K_FILES.values():
         (root / name).write_bytes(b"\x1f\x8b" + b"not really gzip")
     data_dir = tmp_path / "data"
     assert run_prepro("--dataset", "multi30k", "--url", base_url, "--data_dir", data_dir) == 2
@@ -483,9 +487,9 @@ def test_unreachable_url_gives_one_clear_line(tmp_path, capsys):
 
 def test_failed_write_keeps_the_old_file(tmp_path):
     target = tmp_path / "manifest.json"
-    prepro.atomic_write_bytes(target, b"old")
+    atomic_write(target, b"old")
     with pytest.raises(TypeError):
-        prepro.atomic_write_bytes(target, "not bytes")
+        atomic_write(target, 42)
     assert target.read_bytes() == b"old"
     assert [path.name for path in tmp_path.iterdir()] == ["manifest.json"]
 
@@ -504,11 +508,11 @@ def test_multi30k_files(tmp_path):
     assert run_prepro(*args, "--vocab_size", "8000", "--data_dir", data_dir) == 0
     manifest = read_manifest(data_dir)
     assert manifest["vocab_size"] == 8000
-    assert [manifest["splits"][split]["lines"] for split in prepro.SPLITS] == [29000, 1014, 1000]
+    assert [manifest["splits"][split]["lines"] for split in SPLITS] == [29000, 1014, 1000]
     for split, name in (("eval", "dev"), ("test", "test")):
         for side, language in ((1, "de"), (2, "en")):
             original = (MULTI30K_DIR / f"{name}.{language}").read_text(encoding="utf-8").splitlines()
-            assert raw_lines(data_dir / f"{split}.{side}") == [prepro.clean_line(line) for line in original]
+            assert raw_lines(data_dir / f"{split}.{side}") == [clean_line(line) for line in original]
     assert_round_trip(data_dir, splits=("train",))
 
 
@@ -524,5 +528,5 @@ def test_multi30k_download_matches_known_sha256(http_root, tmp_path):
     data_dir = tmp_path / "data"
     assert run_prepro("--dataset", "multi30k", "--url", base_url, "--vocab_size", "8000", "--data_dir", data_dir) == 0
     manifest = read_manifest(data_dir)
-    assert [manifest["splits"][split]["lines"] for split in prepro.SPLITS] == [29000, 1014, 1000]
+    assert [manifest["splits"][split]["lines"] for split in SPLITS] == [29000, 1014, 1000]
     assert manifest["inputs"]["eval2"]["source"] == f"{base_url}/val.en.gz"

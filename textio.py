@@ -1,0 +1,148 @@
+"""Vocabulary ids and text I/O shared by every tool: the fixed special ids, reading lines, cleaning, atomic writes.
+
+Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings; reading accepts
+'\\r\\n', a missing final newline, a byte-order mark and gzip compression.
+"""
+import gzip
+import hashlib
+import io
+import json
+import os
+import unicodedata
+import uuid
+import zlib
+from pathlib import Path
+
+from errors import UserError
+
+#: The ids every sentencepiece model of the toolkit is trained with (prepro.py) and every graph relies on.
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID}
+
+
+# Atomic writes
+
+
+def atomic_write(path, data):
+    """Write ``data`` (bytes, or str as UTF-8) to a temporary file beside ``path``, fsync it and rename it into
+    place, so that a reader (or a kill -9) sees the old file or the new one, never a torn one. On any error the
+    temporary file is removed and the old file (if any) is untouched."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temp_path, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_path, path)
+    except BaseException:
+        temp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_lines(path, lines):
+    """Atomically write ``lines`` as UTF-8 text, each followed by '\\n'."""
+    atomic_write(path, "".join(line + "\n" for line in lines))
+
+
+def write_json(path, value):
+    """Atomically write ``value`` as indented JSON."""
+    atomic_write(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def sha256_bytes(data):
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path):
+    """Hex sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and cleaning text
+
+
+#: The byte-order mark some editors put at the start of a UTF-8 file.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def lines_of(handle, name):
+    """Yield the lines of a binary file object as str, one at a time, without their '\\n' or '\\r\\n'; a
+    missing final newline and a byte-order mark are fine.
+
+    Raises UserError naming ``name``, the line and the byte column on invalid UTF-8.
+    """
+    for line_number, raw in enumerate(handle, 1):
+        if line_number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM):]
+        raw = raw[:-1] if raw.endswith(b"\n") else raw
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UserError(f"{name}: line {line_number} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at "
+                            f"byte column {error.start + 1}); convert the file to UTF-8 (e.g. with iconv)") from None
+
+
+def decode_lines(data, name):
+    """The lines of UTF-8 ``data`` (bytes) as a list (see lines_of)."""
+    return list(lines_of(io.BytesIO(data), name))
+
+
+#: The first bytes of every gzip file.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gunzip(data, name):
+    """``data`` unpacked if it is gzip-compressed (whatever the file is called), else ``data`` itself.
+
+    Raises UserError naming ``name`` if it is a damaged gzip file.
+    """
+    if not data.startswith(GZIP_MAGIC):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:
+        raise UserError(f"{name} is not a valid gzip file ({error})") from None
+
+
+def iter_lines(path):
+    """Yield the lines of a UTF-8 text file, gzip-compressed or not (whatever it is called), one at a time
+    (see lines_of): a file of any size is read in constant memory. Raises UserError on a missing, unreadable
+    or damaged file."""
+    try:
+        with open(path, "rb") as raw:
+            handle = gzip.GzipFile(fileobj=raw) if raw.read(2) == GZIP_MAGIC else raw
+            raw.seek(0)
+            yield from lines_of(handle, str(path))
+    except FileNotFoundError:
+        raise UserError(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a file") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise UserError(f"{path} is not a valid gzip file ({error})") from None
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror}") from None
+
+
+def read_lines(path):
+    """The lines of a text file as a list (see iter_lines)."""
+    return list(iter_lines(path))
+
+
+def clean_line(line):
+    """Unicode NFC, surrounding whitespace removed, inner whitespace runs as one space."""
+    return " ".join(unicodedata.normalize("NFC", line).split())
+
