@@ -699,8 +699,11 @@ def test_a_failed_force_rebuild_leaves_the_old_data_dir_usable(tmp_path, capsys)
 
 def nan_decoder(cache_len, vocab_size=8):
     """A step function that gives NaN logits and writes each step into a cache of fixed length cache_len, as the
-    model's cached decoder does (a step past the cache is an InvalidArgumentError)."""
-    def step_fn(tokens, step, cache):
+    model's cached decoder does (a step past the cache is an InvalidArgumentError). Beam search also passes
+    parents, the rows of the cache that its hypotheses continue."""
+    def step_fn(tokens, step, cache, parents=None):
+        if parents is not None:
+            cache = tf.gather(cache, parents)
         rows = tf.range(tf.shape(cache)[0])
         at = tf.stack([rows, tf.fill(tf.shape(rows), step)], 1)
         cache = tf.tensor_scatter_nd_update(cache, at, tf.cast(tokens, tf.float32))
