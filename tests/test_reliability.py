@@ -617,14 +617,15 @@ def test_an_out_of_range_flag_is_refused_before_anything_is_built(data_dir, tmp_
 
 
 def test_out_of_range_flags_are_one_line_in_every_tool(trained):
-    code, _, err = run("train.py", "--logdir", trained, "--dropout_rate", "1.5")
-    assert_one_error_line(code, err, "--dropout_rate 1.5 is out of range")
-    code, _, err = run("test.py", "--logdir", trained, "--beam_size", "0")
-    assert_one_error_line(code, err, "--beam_size 0 is out of range: it must be at least 1")
-    code, _, err = run("translate.py", "--logdir", trained, "--nbest", "0", "eins")
-    assert_one_error_line(code, err, "--nbest 0 is out of range: it must be at least 1")
-    code, _, err = run("export.py", "--logdir", trained, "--export_dir", trained / "x", "--beam_size", "0")
-    assert_one_error_line(code, err, "--beam_size 0 is out of range")
+    train, test, translate, export = run_all([
+        ("train.py", ["--logdir", trained, "--dropout_rate", "1.5"]),
+        ("test.py", ["--logdir", trained, "--beam_size", "0"]),
+        ("translate.py", ["--logdir", trained, "--nbest", "0", "eins"]),
+        ("export.py", ["--logdir", trained, "--export_dir", trained / "x", "--beam_size", "0"])])
+    assert_one_error_line(*train[::2], "--dropout_rate 1.5 is out of range")
+    assert_one_error_line(*test[::2], "--beam_size 0 is out of range: it must be at least 1")
+    assert_one_error_line(*translate[::2], "--nbest 0 is out of range: it must be at least 1")
+    assert_one_error_line(*export[::2], "--beam_size 0 is out of range")
 
 
 # ------------------------------------------------------------------------------------------------
