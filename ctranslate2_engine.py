@@ -24,6 +24,8 @@ import shutil
 
 import numpy as np
 
+from textio import write_json
+
 #: The settings file of a converted model directory.
 SETTINGS_FILE = "translate.json"
 #: The sentencepiece model's name in a converted model directory.
@@ -125,9 +127,7 @@ def write_model(weights, hp, bpe_model, model_dir, quantization="float32", setti
     os.makedirs(model_dir)
     spec.save(model_dir)
     shutil.copyfile(bpe_model, os.path.join(model_dir, BPE_MODEL))
-    with open(os.path.join(model_dir, SETTINGS_FILE), "w", encoding="utf-8") as f:
-        json.dump(settings or {}, f, indent=2)
-        f.write("\n")
+    write_json(os.path.join(model_dir, SETTINGS_FILE), settings or {})
 
 
 def read_settings(model_dir):
@@ -172,6 +172,8 @@ class Translator:
 
         Returns a list with, per source, (ids (K, T) ending in </s> then 0s, scores (K,), None)."""
         from tqdm import tqdm
+
+        from data_load import pad
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         results = [None] * len(sources)
         starts = range(0, len(order), self.batch_size)
@@ -179,10 +181,7 @@ class Translator:
             batch = order[start:start + self.batch_size]
             for i, result in zip(batch, self.decode([sources[i] for i in batch])):
                 hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens in result.hypotheses]
-                ids = np.zeros([len(hypotheses), max(map(len, hypotheses))], np.int32)
-                for row, hypothesis in zip(ids, hypotheses):
-                    row[:len(hypothesis)] = hypothesis
-                results[i] = (ids, np.array(result.scores, np.float32), None)
+                results[i] = (pad(hypotheses)[0], np.array(result.scores, np.float32), None)
         return results
 
     def close(self):

@@ -31,7 +31,8 @@ from data_load import PAD_ID
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
 from model import Transformer
-from utils import load_trained_hparams, resolve_precision, restore, session_config, trained_model_files
+from utils import (load_trained_hparams, pinned_checkpoint, resolve_precision, restore, session_config,
+                   trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -114,8 +115,9 @@ def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-export-")
     try:
-        ctranslate2_engine.write_model(ctranslate2_engine.checkpoint_weights(ckpt), hp, bpe_model,
-                                       os.path.join(tmp, "model"), quantization, settings)
+        with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile
+            weights = ctranslate2_engine.checkpoint_weights(path)
+        ctranslate2_engine.write_model(weights, hp, bpe_model, os.path.join(tmp, "model"), quantization, settings)
         os.replace(os.path.join(tmp, "model"), export_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

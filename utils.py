@@ -6,7 +6,6 @@ BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers
 import contextlib
 import fcntl
 import glob
-import hashlib
 import json
 import math
 import os
@@ -152,8 +151,7 @@ def trained_model_files(hp, ckpt=""):
 
 def vocab_sha256(data_dir, manifest):
     """sha256 of data_dir's BPE vocabulary file: two vocabularies of the same size can still differ."""
-    with open(os.path.join(data_dir, manifest["bpe_vocab"]), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return textio.sha256_file(os.path.join(data_dir, manifest["bpe_vocab"]))
 
 
 def check_vocab(hp, manifest, trained_data_dir):
