@@ -386,6 +386,33 @@ def write_in_place(cache, rows, values):
     return tf.reshape(tf.raw_ops.InplaceUpdate(x=rows_view, i=rows, v=values), tf.shape(cache))
 
 
+#: Entries per block in top_k_by_blocks.
+TOP_K_BLOCK = 64
+
+
+def top_k_by_blocks(scores, k, block=TOP_K_BLOCK):
+    """tf.math.top_k(scores, k) (ties: lower index first) in two cheaper stages. scores: (N, M) float.
+
+    The row is cut into blocks of `block` entries (the last one padded with the dtype's lowest value); the k
+    blocks with the largest maxima hold the k largest entries (a block left out has k blocks before it, each with
+    an entry that ranks before every entry of it), and one top-k over those k * block entries, taken in index
+    order, ranks them as a top-k over the whole row would. A max per block and two small top-ks read the row
+    once instead of running a top-k over all M entries. Returns values (N, k) and indices (N, k) into M.
+    """
+    length = scores.shape[-1]
+    num_blocks = -(-length // block)
+    if num_blocks <= k:
+        return tf.math.top_k(scores, k)
+    if num_blocks * block != length:
+        scores = tf.pad(scores, [[0, 0], [0, num_blocks * block - length]], constant_values=scores.dtype.min)
+    blocks = tf.reshape(scores, [-1, num_blocks, block])  # (N, M / block, block)
+    _, best = tf.math.top_k(tf.reduce_max(blocks, axis=-1), k)  # (N, k)
+    best = tf.sort(best, axis=-1)  # in index order, so that equal entries keep their order
+    pool = tf.reshape(tf.gather(blocks, best, batch_dims=1), [-1, k * block])  # (N, k * block)
+    values, position = tf.math.top_k(pool, k)
+    return values, tf.gather(best, position // block, batch_dims=1) * block + position % block
+
+
 def tile_beams(tensor, beam_size):
     """(N, ...) -> (N*K, ...), each sentence repeated K times in a row."""
     tiled = tf.repeat(tensor[:, None], beam_size, axis=1)  # (N, K, ...)
@@ -471,7 +498,7 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
         vocab_size = log_probs.shape[-1]
         log_probs = force_eos(tf.reshape(log_probs, [n_batch, K, vocab_size]), step + 1 >= max_steps)
         candidates = tf.reshape(alive_log_probs[:, :, None] + log_probs, [n_batch, K * vocab_size])
-        top_log_probs, top_index = tf.math.top_k(candidates, 2 * K)  # (N, 2K)
+        top_log_probs, top_index = top_k_by_blocks(candidates, 2 * K)  # (N, 2K)
         origin, tokens = top_index // vocab_size, top_index % vocab_size
         top_ids = tf.concat([tf.gather(alive_ids, origin, batch_dims=1), tokens[:, :, None]], 2)  # (N, 2K, t+2)
         ends = tf.equal(tokens, EOS_ID)
