@@ -14,6 +14,7 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
   decoder/num_blocks_{i}/{self_attention,vanilla_attention,positionwise_feedforward}/...
   {encoder,decoder}/final_ln/{gamma,beta}                          (norm_type pre only)
 """
+import numpy as np
 import tensorflow as tf
 
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense, fused_dense_variables,
@@ -361,19 +362,18 @@ def attention_image(attention):
     return attention[:1, 0, :, :, None]
 
 
-def decoding_log_probs(logits):
-    """log_softmax over the vocabulary with <pad> and <s> made impossible outputs. logits: (..., V)."""
+def decoding_log_probs(logits, must_end=None):
+    """log_softmax over the vocabulary with <pad> and <s> made impossible outputs (log-probability NEG_INF), and
+    every token but </s> where must_end. logits: (..., V). must_end: None, or (B,) bool over the first axis of
+    logits (B, V) or (B, K, V). The masks of both cases are picked per row, so one select writes the result."""
     vocab_size = logits.shape[-1]
-    banned = tf.one_hot([PAD_ID, BOS_ID], vocab_size, on_value=True, off_value=False)
-    banned = tf.reduce_any(banned, axis=0)  # (V,)
+    tokens = np.arange(vocab_size)
+    banned = np.isin(tokens, [PAD_ID, BOS_ID])  # (V,)
+    if must_end is not None:
+        masks = tf.constant(np.stack([banned, tokens != EOS_ID]))  # (2, V): the ordinary step, the last step
+        banned = tf.gather(masks, tf.cast(must_end, tf.int32))  # (B, V)
+        banned = tf.reshape(banned, [-1] + [1] * (len(logits.shape) - 2) + [vocab_size])
     return tf.where(banned, tf.cast(NEG_INF, tf.float32), tf.nn.log_softmax(tf.cast(logits, tf.float32)))
-
-
-def force_eos(log_probs, must_end):
-    """Leaves only </s> possible where must_end. log_probs: (B, V) or (N, K, V); must_end: (B,) or (N,) bool."""
-    is_eos = tf.equal(tf.range(log_probs.shape[-1]), EOS_ID)  # (V,)
-    must_end = tf.reshape(must_end, [-1] + [1] * (len(log_probs.shape) - 1))
-    return tf.where(tf.logical_and(must_end, tf.logical_not(is_eos)), tf.cast(NEG_INF, log_probs.dtype), log_probs)
 
 
 def write_in_place(cache, rows, values):
@@ -446,7 +446,7 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
         logits, state = step_fn(tokens, step, state)
         with tf.name_scope("search"):
             last = step + 1 >= max_steps  # (N,)
-            log_probs = force_eos(decoding_log_probs(logits), last)  # (N, V)
+            log_probs = decoding_log_probs(logits, last)  # (N, V)
             tokens = tf.where(last, EOS_ID, tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
             tokens = tf.where(finished, PAD_ID, tokens)
             log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
@@ -494,9 +494,8 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
 
     def extend(step, alive_ids, alive_log_probs, finished_ids, finished_scores, logits):
         """The hypotheses after one step: alive_ids, their log-probs, finished_ids, their scores, parents."""
-        log_probs = decoding_log_probs(logits)
-        vocab_size = log_probs.shape[-1]
-        log_probs = force_eos(tf.reshape(log_probs, [n_batch, K, vocab_size]), step + 1 >= max_steps)
+        vocab_size = logits.shape[-1]
+        log_probs = decoding_log_probs(tf.reshape(logits, [n_batch, K, vocab_size]), step + 1 >= max_steps)
         candidates = tf.reshape(alive_log_probs[:, :, None] + log_probs, [n_batch, K * vocab_size])
         top_log_probs, top_index = top_k_by_blocks(candidates, 2 * K)  # (N, 2K)
         origin, tokens = top_index // vocab_size, top_index % vocab_size
