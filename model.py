@@ -95,16 +95,19 @@ class Transformer:
                              norm_type=hp.norm_type, dtype=self.dtype)
             return self._final_ln(dec), attention
 
-    def _logits(self, dec):
-        """dec: (N, T, d_model). Returns (N, T, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding
-        log-probabilities cast to float32 themselves). The output projection is the transposed embedding matrix."""
-        with tf.name_scope("output_projection"):
-            return self._project(dec)
+    def _output_kernel(self):
+        """The output projection's kernel (d_model, V) in the compute dtype: the transposed embedding matrix, made
+        once per batch outside a decoding loop (a product with a kernel laid out (d_model, V) runs faster than one
+        that transposes its operand on the fly)."""
+        return tf.transpose(tf.cast(self.embeddings, self.dtype))
 
-    def _project(self, dec):
-        logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype),
-                           tf.cast(self.embeddings, self.dtype), transpose_b=True)  # (N*T, V)
-        return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
+    def _logits(self, dec, kernel=None):
+        """dec: (N, T, d_model). kernel: _output_kernel(), or None to make it here. Returns (N, T, V) in self.dtype
+        (16-bit under bf16/fp16: the loss and the decoding log-probabilities cast to float32 themselves)."""
+        with tf.name_scope("output_projection"):
+            kernel = self._output_kernel() if kernel is None else kernel
+            logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype), kernel)  # (N*T, V)
+            return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
         """ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,), sent2 (N,)). memory: (N, T1, d_model).
@@ -192,7 +195,8 @@ class Transformer:
         heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
         return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
 
-    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, head_rows, memory_kv, src_masks):
+    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, head_rows, memory_kv, src_masks,
+                     output_kernel):
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
@@ -202,6 +206,7 @@ class Transformer:
         parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
         qkv_kernels: _self_attention_kernels(). head_rows: (B*h,) see _cached_self_attention.
         memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
+        output_kernel: _output_kernel().
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
         hp = self.hp
@@ -218,7 +223,7 @@ class Transformer:
                         dec = self._one_query_attention(dec, Q, mem_K, mem_V, src_masks)
                     dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
-        return self._logits(dec)[:, 0, :], new_cache
+        return self._logits(dec, output_kernel)[:, 0, :], new_cache
 
     def _cached_decoder(self, memory, src_masks, max_steps):
         """Step function and initial state for decoding with a cache.
@@ -235,19 +240,22 @@ class Transformer:
         cache = [tuple(tf.raw_ops.Empty(shape=shape, dtype=self.dtype, init=True) for _ in range(2))
                  for _ in range(hp.num_blocks)]
         head_rows = tf.range(tf.shape(memory)[0] * hp.num_heads) * cache_len  # (B*h,)
+        output_kernel = self._output_kernel()
 
         def step_fn(tokens, step, state, parents=None):
-            return self._cached_step(tokens, step, state, parents, qkv_kernels, head_rows, memory_kv, head_masks)
+            return self._cached_step(tokens, step, state, parents, qkv_kernels, head_rows, memory_kv, head_masks,
+                                     output_kernel)
         return step_fn, cache
 
     def _uncached_decoder(self, memory, src_masks):
         """Step function and initial state that re-run the whole decoder on the prefix (reference path)."""
         prefix = tf.fill([tf.shape(memory)[0], 1], BOS_ID)  # (B, 1)
+        output_kernel = self._output_kernel()
 
         def step_fn(tokens, step, state):
             del tokens, step  # the prefix state already ends with the previous token
             dec, _ = self._decoder_stack(state, memory, src_masks, training=False)
-            return self._logits(dec)[:, -1, :], state
+            return self._logits(dec, output_kernel)[:, -1, :], state
 
         def append(state, tokens):
             return tf.concat([state, tokens[:, None]], axis=1)  # (B, t+2)
