@@ -102,11 +102,15 @@ class Transformer:
         return tf.transpose(tf.cast(self.embeddings, self.dtype))
 
     def _logits(self, dec, kernel=None):
-        """dec: (N, T, d_model). kernel: _output_kernel(), or None to make it here. Returns (N, T, V) in self.dtype
-        (16-bit under bf16/fp16: the loss and the decoding log-probabilities cast to float32 themselves)."""
+        """dec: (N, T, d_model) or (N, d_model). kernel: _output_kernel(), or None to make it here. Returns (N, T, V)
+        or (N, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding log-probabilities cast to float32
+        themselves)."""
         with tf.name_scope("output_projection"):
             kernel = self._output_kernel() if kernel is None else kernel
-            logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype), kernel)  # (N*T, V)
+            rows = dec if dec.shape.rank == 2 else tf.reshape(dec, [-1, self.hp.d_model])  # (N*T, d_model)
+            logits = tf.matmul(tf.cast(rows, self.dtype), kernel)  # (N*T, V)
+            if dec.shape.rank == 2:
+                return logits
             return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
@@ -162,36 +166,37 @@ class Transformer:
     def _one_query_attention(self, queries, Q, K, V, key_masks):
         """The rest of an attention sublayer (scope: the current one) for one query position per row.
 
-        queries: (B, 1, d_model), the sublayer's input. Q: (B, 1, d_model), projected. K, V: (B*h, T_k, d_model/h).
-        key_masks: (B*h, T_k) or (1, T_k) bool, True where a key must not be attended to. Returns (B, 1, d_model).
+        queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected. K, V: (B*h, T_k, d_model/h).
+        key_masks: (B*h, 1, T_k) or (1, 1, T_k) bool, True where a key must not be attended to.
+        Returns (B, d_model).
         """
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
         Q = tf.reshape(Q, [-1, 1, d_head])  # (B*h, 1, d_model/h): one position, so no transpose is needed
         outputs, _ = scaled_dot_product_attention(Q, K, V, key_masks, training=False)  # (B*h, 1, d_model/h)
-        outputs = dense(tf.reshape(outputs, [-1, 1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
+        outputs = dense(tf.reshape(outputs, [-1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
         return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
 
     def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, head_rows):
         """Self-attention of position `step` over the cache, which it first extends by its own key and value.
 
-        dec: (B, 1, d_model). K, V: (B, h, L, d_model/h), the cache. parents: (B,) the rows of the cache each row
+        dec: (B, d_model). K, V: (B, h, L, d_model/h), the cache. parents: (B,) the rows of the cache each row
         continues (beam search's reordering), or None. qkv_kernel: (kernel, bias) of _self_attention_kernels.
         head_rows: (B*h,) the row of position 0 of each (sentence, head) in the cache seen as (B*h*L, d_model/h).
-        Returns (B, 1, d_model) and the new cache K, V.
+        Returns (B, d_model) and the new cache K, V.
         """
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
         cache_len = tf.shape(K)[2]
         x = sublayer_input(dec, hp.norm_type)
-        Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, 1, d_model)
+        Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, d_model)
         if parents is not None:
             with tf.name_scope("beam_reorder"):  # the copy the write below then updates in place
                 K, V = tf.gather(K, parents), tf.gather(V, parents)
         with tf.name_scope("cache_write"):
             K, V = (write_in_place(cache, head_rows + step, tf.reshape(new, [-1, d_head]))  # rows (B*h, d_model/h)
                     for cache, new in ((K, new_K), (V, new_V)))
-        future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
+        future = tf.range(cache_len)[None, None, :] > step  # (1, 1, L): keys not written yet
         heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
         return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
 
@@ -205,14 +210,15 @@ class Transformer:
             sentence). L is fixed for the whole batch, so every step runs on the same shapes.
         parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
         qkv_kernels: _self_attention_kernels(). head_rows: (B*h,) see _cached_self_attention.
-        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
+        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, 1, T1).
         output_kernel: _output_kernel().
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
         hp = self.hp
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
-            dec = self._embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
+            # one position per row: (B, d_model) from here on, so the products need no reshapes
+            dec = tf.reshape(self._embed(tokens[:, None], training=False, start=step), [-1, hp.d_model])
             for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
@@ -223,7 +229,7 @@ class Transformer:
                         dec = self._one_query_attention(dec, Q, mem_K, mem_V, src_masks)
                     dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
-        return self._logits(dec, output_kernel)[:, 0, :], new_cache
+        return self._logits(dec, output_kernel), new_cache
 
     def _cached_decoder(self, memory, src_masks, max_steps):
         """Step function and initial state for decoding with a cache.
@@ -233,7 +239,7 @@ class Transformer:
         hp = self.hp
         memory_kv = self._project_memory(memory)
         qkv_kernels = self._self_attention_kernels()
-        head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
+        head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)[:, None, :]  # (B*h, 1, T1)
         cache_len = tf.reduce_max(max_steps)
         shape = [tf.shape(memory)[0], hp.num_heads, cache_len, hp.d_model // hp.num_heads]
         # each (B, h, L, d_model/h); Empty is stateful, so every tensor keeps a buffer of its own to write in place
