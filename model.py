@@ -14,6 +14,7 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
   decoder/num_blocks_{i}/{self_attention,vanilla_attention,positionwise_feedforward}/...
   {encoder,decoder}/final_ln/{gamma,beta}                          (norm_type pre only)
 """
+import numpy as np
 import tensorflow as tf
 
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense, fused_dense_variables,
@@ -94,16 +95,23 @@ class Transformer:
                              norm_type=hp.norm_type, dtype=self.dtype)
             return self._final_ln(dec), attention
 
-    def _logits(self, dec):
-        """dec: (N, T, d_model). Returns (N, T, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding
-        log-probabilities cast to float32 themselves). The output projection is the transposed embedding matrix."""
-        with tf.name_scope("output_projection"):
-            return self._project(dec)
+    def _output_kernel(self):
+        """The output projection's kernel (d_model, V) in the compute dtype: the transposed embedding matrix, made
+        once per batch outside a decoding loop (a product with a kernel laid out (d_model, V) runs faster than one
+        that transposes its operand on the fly)."""
+        return tf.transpose(tf.cast(self.embeddings, self.dtype))
 
-    def _project(self, dec):
-        logits = tf.matmul(tf.cast(tf.reshape(dec, [-1, self.hp.d_model]), self.dtype),
-                           tf.cast(self.embeddings, self.dtype), transpose_b=True)  # (N*T, V)
-        return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
+    def _logits(self, dec, kernel=None):
+        """dec: (N, T, d_model) or (N, d_model). kernel: _output_kernel(), or None to make it here. Returns (N, T, V)
+        or (N, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding log-probabilities cast to float32
+        themselves)."""
+        with tf.name_scope("output_projection"):
+            kernel = self._output_kernel() if kernel is None else kernel
+            rows = dec if dec.shape.rank == 2 else tf.reshape(dec, [-1, self.hp.d_model])  # (N*T, d_model)
+            logits = tf.matmul(tf.cast(rows, self.dtype), kernel)  # (N*T, V)
+            if dec.shape.rank == 2:
+                return logits
+            return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
         """ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,), sent2 (N,)). memory: (N, T1, d_model).
@@ -158,40 +166,42 @@ class Transformer:
     def _one_query_attention(self, queries, Q, K, V, key_masks):
         """The rest of an attention sublayer (scope: the current one) for one query position per row.
 
-        queries: (B, 1, d_model), the sublayer's input. Q: (B, 1, d_model), projected. K, V: (B*h, T_k, d_model/h).
-        key_masks: (B*h, T_k) or (1, T_k) bool, True where a key must not be attended to. Returns (B, 1, d_model).
+        queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected. K, V: (B*h, T_k, d_model/h).
+        key_masks: (B*h, 1, T_k) or (1, 1, T_k) bool, True where a key must not be attended to.
+        Returns (B, d_model).
         """
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
         Q = tf.reshape(Q, [-1, 1, d_head])  # (B*h, 1, d_model/h): one position, so no transpose is needed
         outputs, _ = scaled_dot_product_attention(Q, K, V, key_masks, training=False)  # (B*h, 1, d_model/h)
-        outputs = dense(tf.reshape(outputs, [-1, 1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
+        outputs = dense(tf.reshape(outputs, [-1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
         return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
 
     def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, head_rows):
         """Self-attention of position `step` over the cache, which it first extends by its own key and value.
 
-        dec: (B, 1, d_model). K, V: (B, h, L, d_model/h), the cache. parents: (B,) the rows of the cache each row
+        dec: (B, d_model). K, V: (B, h, L, d_model/h), the cache. parents: (B,) the rows of the cache each row
         continues (beam search's reordering), or None. qkv_kernel: (kernel, bias) of _self_attention_kernels.
         head_rows: (B*h,) the row of position 0 of each (sentence, head) in the cache seen as (B*h*L, d_model/h).
-        Returns (B, 1, d_model) and the new cache K, V.
+        Returns (B, d_model) and the new cache K, V.
         """
         hp = self.hp
         d_head = hp.d_model // hp.num_heads
         cache_len = tf.shape(K)[2]
         x = sublayer_input(dec, hp.norm_type)
-        Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, 1, d_model)
+        Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, d_model)
         if parents is not None:
             with tf.name_scope("beam_reorder"):  # the copy the write below then updates in place
                 K, V = tf.gather(K, parents), tf.gather(V, parents)
         with tf.name_scope("cache_write"):
             K, V = (write_in_place(cache, head_rows + step, tf.reshape(new, [-1, d_head]))  # rows (B*h, d_model/h)
                     for cache, new in ((K, new_K), (V, new_V)))
-        future = tf.range(cache_len)[None, :] > step  # (1, L): keys not written yet
+        future = tf.range(cache_len)[None, None, :] > step  # (1, 1, L): keys not written yet
         heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
         return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
 
-    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, head_rows, memory_kv, src_masks):
+    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, head_rows, memory_kv, src_masks,
+                     output_kernel):
         """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
@@ -200,13 +210,15 @@ class Transformer:
             sentence). L is fixed for the whole batch, so every step runs on the same shapes.
         parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
         qkv_kernels: _self_attention_kernels(). head_rows: (B*h,) see _cached_self_attention.
-        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, T1).
+        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, 1, T1).
+        output_kernel: _output_kernel().
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
         hp = self.hp
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
-            dec = self._embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
+            # one position per row: (B, d_model) from here on, so the products need no reshapes
+            dec = tf.reshape(self._embed(tokens[:, None], training=False, start=step), [-1, hp.d_model])
             for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
@@ -217,7 +229,7 @@ class Transformer:
                         dec = self._one_query_attention(dec, Q, mem_K, mem_V, src_masks)
                     dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
-        return self._logits(dec)[:, 0, :], new_cache
+        return self._logits(dec, output_kernel), new_cache
 
     def _cached_decoder(self, memory, src_masks, max_steps):
         """Step function and initial state for decoding with a cache.
@@ -227,26 +239,29 @@ class Transformer:
         hp = self.hp
         memory_kv = self._project_memory(memory)
         qkv_kernels = self._self_attention_kernels()
-        head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)  # (B*h, T1)
+        head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)[:, None, :]  # (B*h, 1, T1)
         cache_len = tf.reduce_max(max_steps)
         shape = [tf.shape(memory)[0], hp.num_heads, cache_len, hp.d_model // hp.num_heads]
         # each (B, h, L, d_model/h); Empty is stateful, so every tensor keeps a buffer of its own to write in place
         cache = [tuple(tf.raw_ops.Empty(shape=shape, dtype=self.dtype, init=True) for _ in range(2))
                  for _ in range(hp.num_blocks)]
         head_rows = tf.range(tf.shape(memory)[0] * hp.num_heads) * cache_len  # (B*h,)
+        output_kernel = self._output_kernel()
 
         def step_fn(tokens, step, state, parents=None):
-            return self._cached_step(tokens, step, state, parents, qkv_kernels, head_rows, memory_kv, head_masks)
+            return self._cached_step(tokens, step, state, parents, qkv_kernels, head_rows, memory_kv, head_masks,
+                                     output_kernel)
         return step_fn, cache
 
     def _uncached_decoder(self, memory, src_masks):
         """Step function and initial state that re-run the whole decoder on the prefix (reference path)."""
         prefix = tf.fill([tf.shape(memory)[0], 1], BOS_ID)  # (B, 1)
+        output_kernel = self._output_kernel()
 
         def step_fn(tokens, step, state):
             del tokens, step  # the prefix state already ends with the previous token
             dec, _ = self._decoder_stack(state, memory, src_masks, training=False)
-            return self._logits(dec)[:, -1, :], state
+            return self._logits(dec, output_kernel)[:, -1, :], state
 
         def append(state, tokens):
             return tf.concat([state, tokens[:, None]], axis=1)  # (B, t+2)
@@ -361,19 +376,18 @@ def attention_image(attention):
     return attention[:1, 0, :, :, None]
 
 
-def decoding_log_probs(logits):
-    """log_softmax over the vocabulary with <pad> and <s> made impossible outputs. logits: (..., V)."""
+def decoding_log_probs(logits, must_end=None):
+    """log_softmax over the vocabulary with <pad> and <s> made impossible outputs (log-probability NEG_INF), and
+    every token but </s> where must_end. logits: (..., V). must_end: None, or (B,) bool over the first axis of
+    logits (B, V) or (B, K, V). The masks of both cases are picked per row, so one select writes the result."""
     vocab_size = logits.shape[-1]
-    banned = tf.one_hot([PAD_ID, BOS_ID], vocab_size, on_value=True, off_value=False)
-    banned = tf.reduce_any(banned, axis=0)  # (V,)
+    tokens = np.arange(vocab_size)
+    banned = np.isin(tokens, [PAD_ID, BOS_ID])  # (V,)
+    if must_end is not None:
+        masks = tf.constant(np.stack([banned, tokens != EOS_ID]))  # (2, V): the ordinary step, the last step
+        banned = tf.gather(masks, tf.cast(must_end, tf.int32))  # (B, V)
+        banned = tf.reshape(banned, [-1] + [1] * (len(logits.shape) - 2) + [vocab_size])
     return tf.where(banned, tf.cast(NEG_INF, tf.float32), tf.nn.log_softmax(tf.cast(logits, tf.float32)))
-
-
-def force_eos(log_probs, must_end):
-    """Leaves only </s> possible where must_end. log_probs: (B, V) or (N, K, V); must_end: (B,) or (N,) bool."""
-    is_eos = tf.equal(tf.range(log_probs.shape[-1]), EOS_ID)  # (V,)
-    must_end = tf.reshape(must_end, [-1] + [1] * (len(log_probs.shape) - 1))
-    return tf.where(tf.logical_and(must_end, tf.logical_not(is_eos)), tf.cast(NEG_INF, log_probs.dtype), log_probs)
 
 
 def write_in_place(cache, rows, values):
@@ -384,6 +398,33 @@ def write_in_place(cache, rows, values):
     can write its keys and values without copying the whole cache. Returns the updated cache, in cache's shape."""
     rows_view = tf.reshape(cache, [-1, values.shape[-1]])  # (R, d), the same buffer
     return tf.reshape(tf.raw_ops.InplaceUpdate(x=rows_view, i=rows, v=values), tf.shape(cache))
+
+
+#: Entries per block in top_k_by_blocks.
+TOP_K_BLOCK = 64
+
+
+def top_k_by_blocks(scores, k, block=TOP_K_BLOCK):
+    """tf.math.top_k(scores, k) (ties: lower index first) in two cheaper stages. scores: (N, M) float.
+
+    The row is cut into blocks of `block` entries (the last one padded with the dtype's lowest value); the k
+    blocks with the largest maxima hold the k largest entries (a block left out has k blocks before it, each with
+    an entry that ranks before every entry of it), and one top-k over those k * block entries, taken in index
+    order, ranks them as a top-k over the whole row would. A max per block and two small top-ks read the row
+    once instead of running a top-k over all M entries. Returns values (N, k) and indices (N, k) into M.
+    """
+    length = scores.shape[-1]
+    num_blocks = -(-length // block)
+    if num_blocks <= k:
+        return tf.math.top_k(scores, k)
+    if num_blocks * block != length:
+        scores = tf.pad(scores, [[0, 0], [0, num_blocks * block - length]], constant_values=scores.dtype.min)
+    blocks = tf.reshape(scores, [-1, num_blocks, block])  # (N, M / block, block)
+    _, best = tf.math.top_k(tf.reduce_max(blocks, axis=-1), k)  # (N, k)
+    best = tf.sort(best, axis=-1)  # in index order, so that equal entries keep their order
+    pool = tf.reshape(tf.gather(blocks, best, batch_dims=1), [-1, k * block])  # (N, k * block)
+    values, position = tf.math.top_k(pool, k)
+    return values, tf.gather(best, position // block, batch_dims=1) * block + position % block
 
 
 def tile_beams(tensor, beam_size):
@@ -419,7 +460,7 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
         logits, state = step_fn(tokens, step, state)
         with tf.name_scope("search"):
             last = step + 1 >= max_steps  # (N,)
-            log_probs = force_eos(decoding_log_probs(logits), last)  # (N, V)
+            log_probs = decoding_log_probs(logits, last)  # (N, V)
             tokens = tf.where(last, EOS_ID, tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
             tokens = tf.where(finished, PAD_ID, tokens)
             log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
@@ -467,11 +508,10 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
 
     def extend(step, alive_ids, alive_log_probs, finished_ids, finished_scores, logits):
         """The hypotheses after one step: alive_ids, their log-probs, finished_ids, their scores, parents."""
-        log_probs = decoding_log_probs(logits)
-        vocab_size = log_probs.shape[-1]
-        log_probs = force_eos(tf.reshape(log_probs, [n_batch, K, vocab_size]), step + 1 >= max_steps)
+        vocab_size = logits.shape[-1]
+        log_probs = decoding_log_probs(tf.reshape(logits, [n_batch, K, vocab_size]), step + 1 >= max_steps)
         candidates = tf.reshape(alive_log_probs[:, :, None] + log_probs, [n_batch, K * vocab_size])
-        top_log_probs, top_index = tf.math.top_k(candidates, 2 * K)  # (N, 2K)
+        top_log_probs, top_index = top_k_by_blocks(candidates, 2 * K)  # (N, 2K)
         origin, tokens = top_index // vocab_size, top_index % vocab_size
         top_ids = tf.concat([tf.gather(alive_ids, origin, batch_dims=1), tokens[:, :, None]], 2)  # (N, 2K, t+2)
         ends = tf.equal(tokens, EOS_ID)

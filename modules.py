@@ -27,9 +27,12 @@ def affine(inputs, kernel, bias, dtype=tf.float32):
     """inputs @ kernel + bias over the last axis. inputs: (..., d_in), any float dtype. kernel: (d_in, units).
     bias: (units,). dtype: of the product and the outputs (kernel and bias are cast to it). Returns (..., units)."""
     d_in, units = kernel.shape[0], kernel.shape[1]
-    outputs = tf.matmul(tf.cast(tf.reshape(inputs, [-1, d_in]), dtype), tf.cast(kernel, dtype))  # (N*T, units)
+    rows = inputs if inputs.shape.rank == 2 else tf.reshape(inputs, [-1, d_in])  # (N*T, d_in)
+    outputs = tf.matmul(tf.cast(rows, dtype), tf.cast(kernel, dtype))  # (N*T, units)
     # BiasAdd, not a broadcasting add: oneDNN fuses it into the matmul, and its gradient is one op
     outputs = tf.nn.bias_add(outputs, tf.cast(bias, dtype))
+    if inputs.shape.rank == 2:  # no reshapes: the decoding loop runs on (N, d_model) rows, a few ops count there
+        return outputs
     return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
 
 
@@ -110,9 +113,12 @@ def mask_keys(inputs, key_masks):
     """Gives padded keys the attention logit MASKED_LOGIT (Section 3.2.3).
 
     inputs: (N*h, T_q, T_k) logits, each sentence's h heads next to each other on the first axis.
-    key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)).
-    Returns (N*h, T_q, T_k).
+    key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)); or (N*h, 1, T_k)
+    or (1, 1, T_k), already one row per logit row (or one for all), used as they are (the decoding loop makes
+    them once per batch). Returns (N*h, T_q, T_k).
     """
+    if key_masks.shape.rank == 3:
+        return tf.where(key_masks, tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
     heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
     key_masks = tf.repeat(key_masks, heads, axis=0)  # (N*h, T_k)
     return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
@@ -130,7 +136,8 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
 
     Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 / float16 for mixed precision,
     in which case the products run in that dtype and the scaling, masks and softmax in float32.
-    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), or None.
+    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), (N or 1, 1, T_k), or None
+        (see mask_keys).
     causality: if True, query t attends only to keys <= t.
     Returns outputs (N, T_q, d_v) in V's dtype and attention weights (N, T_q, T_k) float32.
     """

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import max_decoding_steps
+from model import NEG_INF, max_decoding_steps, top_k_by_blocks
 from model_fixtures import build, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1
@@ -109,3 +109,21 @@ def test_bfloat16_cached_greedy_equals_bfloat16_uncached_greedy():
             (cached_ids, cached_scores), (uncached_ids, uncached_scores) = sess.run([cached, uncached], ph.feed(x))
     np.testing.assert_array_equal(cached_ids, uncached_ids)
     np.testing.assert_allclose(cached_scores, uncached_scores, atol=1e-2)
+
+
+@pytest.mark.parametrize("length, block", [(800, 8), (803, 8), (60, 8), (32000, 64)])
+def test_top_k_by_blocks_equals_one_top_k(length, block):
+    """Beam search's two-stage top-k gives the values and indices of one tf.math.top_k, ties included: the
+    scores are small integers, so most values occur many times, and some rows are all equal."""
+    rng = np.random.RandomState(7)
+    scores = rng.randint(-6, 3, size=(12, length)).astype(np.float32)
+    scores[3] = NEG_INF
+    scores[4, ::3] = 50.0  # the largest values spread over many blocks
+    scores[5] = 0.0
+    scores[5, -5 * block::block] = 1.0  # the top 5 in the last blocks, the rest of the top k tied in the first
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        ph = tf1.placeholder(tf.float32, [None, length])
+        two_stage, one = sess.run([top_k_by_blocks(ph, 8, block), tf.math.top_k(ph, 8)], {ph: scores})
+    np.testing.assert_array_equal(two_stage[0], one[0])
+    np.testing.assert_array_equal(two_stage[1], one[1])
+    assert (one[1][3] == np.arange(8)).all()  # the ties resolve to the lowest indices
