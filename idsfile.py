@@ -7,6 +7,7 @@ A side of a split is two files:
                         (offsets[0] = 0; an empty line has offsets[i] == offsets[i + 1])
 The dtype of the ids is the manifest's "ids_dtype" (docs/data.md).
 """
+import itertools
 import os
 
 import numpy as np
@@ -34,7 +35,7 @@ class IdsWriter:
     def write(self, lines):
         """lines: a list of lists of ids (one list per line, maybe empty)."""
         lengths = np.fromiter((len(line) for line in lines), np.int64, len(lines))
-        flat = np.fromiter((i for line in lines for i in line), self.dtype, int(lengths.sum()))
+        flat = np.fromiter(itertools.chain.from_iterable(lines), self.dtype, int(lengths.sum()))
         flat.tofile(self.ids)
         (self.end + np.cumsum(lengths)).astype(OFFSETS_DTYPE).tofile(self.offsets)
         self.end += int(lengths.sum())
