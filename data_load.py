@@ -81,7 +81,7 @@ def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
     (ids1, offsets1), (ids2, offsets2) = side1, side2
     if len(offsets1) != len(offsets2):
         raise ValueError("side 1 has %d lines but side 2 has %d" % (len(offsets1) - 1, len(offsets2) - 1))
-    lengths1, lengths2 = np.diff(offsets1), np.diff(offsets2)
+    lengths1, lengths2 = np.diff(offsets1).astype(np.int32), np.diff(offsets2).astype(np.int32)
     keep = np.ones(len(lengths1), bool)
     if maxlen1 is not None or maxlen2 is not None:
         keep = (lengths1 + 1 <= maxlen1) & (lengths2 + 1 <= maxlen2)
@@ -89,6 +89,8 @@ def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
     if truncate:
         lengths1, lengths2 = np.minimum(lengths1, maxlen1 - 1), np.minimum(lengths2, maxlen2 - 1)
         keep[:] = True
+    if keep.all():  # the offsets themselves (a memory map) are the starts: no copy
+        return Pairs(ids1, offsets1[:-1], lengths1, ids2, offsets2[:-1], lengths2), over
     index = np.flatnonzero(keep)
     return Pairs(ids1, offsets1[:-1][index], lengths1[index], ids2, offsets2[:-1][index], lengths2[index]), over
 

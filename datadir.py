@@ -33,6 +33,16 @@ BPE_VOCAB = "bpe.vocab"
 BPE_SAMPLE_SENTENCES = 2_000_000
 #: Lines encoded at a time (by every core): memory holds one chunk of a split, never the split.
 CHUNK_LINES = 100_000
+#: A pass over a split reports its progress every this many lines.
+PROGRESS_LINES = 1_000_000
+
+
+def progress(lines, what):
+    """Yield each item of ``lines``, logging "WHAT: N lines" every PROGRESS_LINES of them."""
+    for count, line in enumerate(lines, 1):
+        if count % PROGRESS_LINES == 0:
+            log(f"{what}: {count} lines")
+        yield line
 
 
 def is_empty_pair(source, target):
@@ -160,7 +170,7 @@ def describe_inputs(splits, sources):
     for split in SPLITS:
         for side in SIDES:
             flag = FILE_FLAGS[split, side]
-            counts[split, side], sha256 = describe_side(splits[split][side - 1])
+            counts[split, side], sha256 = describe_side(progress(splits[split][side - 1], f"reading --{flag}"))
             inputs[flag] = {"source": sources.get(flag, "in memory"), "sha256": sha256}
         check_same_length(counts[split, 1], counts[split, 2], sources.get(FILE_FLAGS[split, 1], "side 1"),
                           sources.get(FILE_FLAGS[split, 2], "side 2"))
@@ -324,7 +334,7 @@ def clean_split(staging, split, lines1, lines2, dedup):
     clean1, clean2 = staging / f"{split}.clean.1", staging / f"{split}.clean.2"
     hashes, empty, lines = array.array("Q"), 0, 0
     with line_writer(clean1) as write1, line_writer(clean2) as write2:
-        for lines, (source, target) in enumerate(zip(lines1, lines2), 1):
+        for lines, (source, target) in enumerate(progress(zip(lines1, lines2), f"cleaning {split}"), 1):
             source, target = clean_line(source), clean_line(target)
             if is_empty_pair(source, target):
                 empty += 1
@@ -374,7 +384,7 @@ def write_split(data_dir, split, clean, processor, options, chunk_lines=CHUNK_LI
         writers = [IdsWriter(data_dir / files[f"ids{side}"], data_dir / files[f"offsets{side}"], dtype) for side in SIDES]
         for writer in writers:
             stack.callback(writer.close)
-        for chunk in chunks(clean.pairs(), chunk_lines):
+        for chunk in chunks(progress(clean.pairs(), f"encoding {split}"), chunk_lines):
             texts = list(zip(*chunk))
             encoded = [encode_chunk(processor, list(side_texts), pieces) for side_texts in texts]
             lengths = [np.array([len(ids) for ids in side_ids], np.int64) for side_ids, _ in encoded]

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,12 +68,33 @@ def make_corpus(multi30k, folder, pairs, eval_lines):
     return paths
 
 
+def rss_parts(pid):
+    """{"RssAnon": MB, "RssFile": MB} of a running process now (anonymous memory; pages of mapped files, which the
+    kernel can drop and re-read), or {} once it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as status:
+            fields = dict(line.split(":", 1) for line in status)
+    except (OSError, ValueError):
+        return {}
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("RssAnon", "RssFile") if key in fields}
+
+
 def run_measured(command, marker=None):
-    """Run command (a list) from the repository root; returns (wall seconds, peak RSS in MB, seconds until a line
-    of its standard output started with marker (or None), its output lines). The output is echoed to our standard
-    error."""
+    """Run command (a list) from the repository root; returns (wall seconds, {"peak_rss": MB, "peak_rss_anon": MB,
+    "peak_rss_file": MB}, seconds until a line of its standard output started with marker (or None), its output
+    lines). The output is echoed to our standard error. peak_rss is the kernel's; the two parts are sampled every
+    0.2 s, so they may miss a short peak."""
     start = time.time()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    peaks = {"RssAnon": 0.0, "RssFile": 0.0}
+
+    def sample():
+        while process.returncode is None:
+            for key, value in rss_parts(process.pid).items():
+                peaks[key] = max(peaks[key], value)
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
     marked, lines = None, []
     for line in process.stdout:
         print(line, end="", file=sys.stderr, flush=True)
@@ -80,24 +102,26 @@ def run_measured(command, marker=None):
         if marker and marked is None and line.startswith(marker):
             marked = time.time() - start
     _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = status
     if status:
         raise SystemExit("%s failed (status %d)" % (" ".join(command), status))
-    return time.time() - start, usage.ru_maxrss / 1024, marked, lines
+    memory = {"peak_rss": usage.ru_maxrss / 1024, "peak_rss_anon": peaks["RssAnon"], "peak_rss_file": peaks["RssFile"]}
+    return time.time() - start, memory, marked, lines
 
 
 def prepro(paths, data_dir):
-    """prepro.py --dataset files on paths into data_dir: (wall s, peak RSS MB)."""
+    """prepro.py --dataset files on paths into data_dir: (wall s, memory as run_measured reports it)."""
     command = [sys.executable, "prepro.py", "--dataset", "files", "--vocab_size", VOCAB_SIZE, "--data_dir",
                str(data_dir), "--force"]
     for flag, path in paths.items():
         command += ["--" + flag, str(path)]
-    wall, rss, _, _ = run_measured(command)
-    return wall, rss
+    wall, memory, _, _ = run_measured(command)
+    return wall, memory
 
 
 def train(data_dir, steps, train_flags):
-    """train.py for steps steps on data_dir in a fresh logdir: (s to the end of the first step, peak RSS MB, wall s,
-    target tokens per second of its training steps, as its epoch line reports them)."""
+    """train.py for steps steps on data_dir in a fresh logdir: (s to the end of the first step, memory as
+    run_measured reports it, wall s, target tokens per second of its training steps, as its epoch line says)."""
     with tempfile.TemporaryDirectory() as logdir:
         wall, rss, first, lines = run_measured([sys.executable, "train.py", "--data_dir", str(data_dir), "--logdir",
                                                 logdir, "--max_steps", str(steps), "--eval_every", "0"] + train_flags,
@@ -140,17 +164,20 @@ def main(argv=None):
     paths = make_corpus(args.multi30k, workdir / ("corpus-%d" % args.pairs), args.pairs, args.eval_lines)
     big = workdir / ("data-%d" % args.pairs)
     if not (args.reuse and (big / "manifest.json").exists()):
-        result["prepro_s"], result["prepro_peak_rss_mb"] = prepro(paths, big)
+        result["prepro_s"], memory = prepro(paths, big)
+        result.update({"prepro_%s_mb" % key: value for key, value in memory.items()})
     reference_paths = {**paths, "train1": Path(args.multi30k) / "train.de", "train2": Path(args.multi30k) / "train.en"}
     reference = workdir / "data-multi30k"
-    result["multi30k_prepro_s"], result["multi30k_prepro_peak_rss_mb"] = prepro(reference_paths, reference)
+    result["multi30k_prepro_s"], memory = prepro(reference_paths, reference)
+    result["multi30k_prepro_peak_rss_mb"] = memory["peak_rss"]
     manifest = load_manifest(str(big))
     result["bpe_training"] = manifest["bpe_training"]
     result["train_pairs"] = manifest["splits"]["train"]["lines"]
     for name, data_dir in (("multi30k", reference), ("large", big)):
-        first, rss, wall, rate = train(data_dir, args.steps, train_flags)
-        result.update({"%s_first_step_s" % name: first, "%s_train_peak_rss_mb" % name: rss,
-                       "%s_train_wall_s" % name: wall, "%s_train_tgt_tokens_per_s" % name: rate})
+        first, memory, wall, rate = train(data_dir, args.steps, train_flags)
+        result.update({"%s_first_step_s" % name: first, "%s_train_wall_s" % name: wall,
+                       "%s_train_tgt_tokens_per_s" % name: rate})
+        result.update({"%s_train_%s_mb" % (name, key): value for key, value in memory.items()})
     result["train_peak_rss_difference_mb"] = result["large_train_peak_rss_mb"] - result["multi30k_train_peak_rss_mb"]
     result["pipeline_batches_per_s"], result["pipeline_tgt_tokens_per_s"] = pipeline_rates(
         big, args.pipeline_batches, train_flags)
