@@ -24,7 +24,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from idsfile import read_ids
+from idsfile import read_ids, release_pages
 from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401  (PAD_ID: for the tools that import it from here)
 
 
@@ -58,8 +58,8 @@ def load_side(data_dir, manifest, split, side):
 
 @dataclasses.dataclass
 class Pairs:
-    """The pairs a dataset draws batches from. Pair i's source pieces are ids1[starts1[i]:starts1[i] + lengths1[i]]
-    (lengths without </s>), its target pieces likewise on side 2."""
+    """The pairs a dataset draws batches from. Pair i's source pieces are ids1[starts1[i]:starts1[i] + lengths1[i] - 1]:
+    lengths1 is x_seqlen, counting </s>; its target pieces likewise on side 2 (lengths2: y_seqlen, counting </s>)."""
     ids1: np.ndarray
     starts1: np.ndarray
     lengths1: np.ndarray
@@ -81,18 +81,21 @@ def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
     (ids1, offsets1), (ids2, offsets2) = side1, side2
     if len(offsets1) != len(offsets2):
         raise ValueError("side 1 has %d lines but side 2 has %d" % (len(offsets1) - 1, len(offsets2) - 1))
-    lengths1, lengths2 = np.diff(offsets1).astype(np.int32), np.diff(offsets2).astype(np.int32)
+    lengths1, lengths2 = np.diff(offsets1).astype(np.int32) + 1, np.diff(offsets2).astype(np.int32) + 1
     keep = np.ones(len(lengths1), bool)
     if maxlen1 is not None or maxlen2 is not None:
-        keep = (lengths1 + 1 <= maxlen1) & (lengths2 + 1 <= maxlen2)
+        keep = (lengths1 <= maxlen1) & (lengths2 <= maxlen2)
     over = int((~keep).sum())
     if truncate:
-        lengths1, lengths2 = np.minimum(lengths1, maxlen1 - 1), np.minimum(lengths2, maxlen2 - 1)
+        lengths1, lengths2 = np.minimum(lengths1, maxlen1), np.minimum(lengths2, maxlen2)
         keep[:] = True
     if keep.all():  # the offsets themselves (a memory map) are the starts: no copy
-        return Pairs(ids1, offsets1[:-1], lengths1, ids2, offsets2[:-1], lengths2), over
-    index = np.flatnonzero(keep)
-    return Pairs(ids1, offsets1[:-1][index], lengths1[index], ids2, offsets2[:-1][index], lengths2[index]), over
+        pairs = Pairs(ids1, offsets1[:-1], lengths1, ids2, offsets2[:-1], lengths2)
+    else:
+        index = np.flatnonzero(keep)
+        pairs = Pairs(ids1, offsets1[:-1][index], lengths1[index], ids2, offsets2[:-1][index], lengths2[index])
+    release_pages(offsets1, offsets2)
+    return pairs, over
 
 
 def bucket_widths(longest, growth):
@@ -126,20 +129,29 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
         raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise --batch_size "
                          "or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
     widths = bucket_widths(longest.max(initial=1), growth)
-    bucket = widths[np.searchsorted(widths, longest)]  # (n,) the padded width of each pair
+    bucket = np.searchsorted(widths, longest).astype(np.int16)  # (n,) each pair's bucket, an index into widths
     ties = rng.permutation(n) if rng is not None else np.arange(n)
-    order = ties[np.lexsort((lengths2[ties], lengths1[ties], bucket[ties]))]
+    ties = ties.astype(np.int32) if n < 2 ** 31 else ties
+    # one int64 key (bucket, then source length, then target length) in a stable sort: the order of a lexsort
+    # over the three, in a fraction of its time and memory
+    key = bucket[ties].astype(np.int64)
+    key *= int(lengths1.max(initial=0)) + 1
+    key += lengths1[ties]
+    key *= int(lengths2.max(initial=0)) + 1
+    key += lengths2[ties]
+    order = ties[np.argsort(key, kind="stable")]
+    del key, ties
     sorted_bucket = bucket[order]
     group_ends = np.flatnonzero(np.diff(sorted_bucket)).tolist() + [n - 1]  # the last pair of each bucket
     batches, start = [], 0
     for last in group_ends:
-        width = int(sorted_bucket[last])
+        width = int(widths[sorted_bucket[last]])
         size = batch_size // width
         full = (last + 1 - start) // size
         batches += [(order[i:i + size], width) for i in range(start, start + full * size, size)]
         start += full * size
     if start < n:
-        batches.append((order[start:], int(sorted_bucket[-1])))
+        batches.append((order[start:], int(widths[sorted_bucket[-1]])))
     if rng is not None:
         rng.shuffle(batches)
     return batches
@@ -172,13 +184,12 @@ def gather(ids, starts, lengths, width, first=None, last=None):
 def make_batch(pairs, index, width=None):
     """The batch (xs, ys) of the pairs at `index` (see the module docstring), both sides padded to width (None:
     each side to its longest sequence)."""
-    lengths1, lengths2 = pairs.lengths1[index], pairs.lengths2[index]
-    width1 = width or int(lengths1.max(initial=0)) + 1
-    width2 = width or int(lengths2.max(initial=0)) + 1
-    x = gather(pairs.ids1, pairs.starts1[index], lengths1, width1, last=EOS_ID)
-    decoder_input = gather(pairs.ids2, pairs.starts2[index], lengths2, width2, first=BOS_ID)
-    y = gather(pairs.ids2, pairs.starts2[index], lengths2, width2, last=EOS_ID)
-    return (x, (lengths1 + 1).astype(np.int32)), (decoder_input, y, (lengths2 + 1).astype(np.int32))
+    x_seqlen, y_seqlen = pairs.lengths1[index], pairs.lengths2[index]
+    width1, width2 = width or int(x_seqlen.max(initial=1)), width or int(y_seqlen.max(initial=1))
+    x = gather(pairs.ids1, pairs.starts1[index], x_seqlen - 1, width1, last=EOS_ID)
+    decoder_input = gather(pairs.ids2, pairs.starts2[index], y_seqlen - 1, width2, first=BOS_ID)
+    y = gather(pairs.ids2, pairs.starts2[index], y_seqlen - 1, width2, last=EOS_ID)
+    return (x, x_seqlen), (decoder_input, y, y_seqlen)
 
 
 def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
@@ -187,19 +198,19 @@ def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth
     pairs: Pairs. seed: shuffle with numpy RandomState(seed + epoch), so a resumed run replays the same epoch;
     None keeps the order. growth: see bucket_widths (tokens mode).
     """
-    lengths1, lengths2 = pairs.lengths1 + 1, pairs.lengths2 + 1  # x with </s>; y with </s> (decoder input: <s>)
-
     @functools.lru_cache(maxsize=1)  # an epoch's plan is asked for by num_batches and generate alike
     def plan_of(epoch):
         rng = np.random.RandomState(seed + epoch) if seed is not None else None
-        return plan_batches(lengths1, lengths2, batch_size, batch_type, rng, growth)
+        return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
 
     def plan(epoch):
         return plan_of(int(epoch))
 
     def generate(epoch=0):
         for index, width in plan(epoch):
-            yield make_batch(pairs, index, width)
+            batch = make_batch(pairs, index, width)
+            release_pages(pairs.ids1, pairs.starts1, pairs.ids2, pairs.starts2)
+            yield batch
 
     return generate, lambda epoch=0: len(plan(epoch))
 

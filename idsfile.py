@@ -8,6 +8,7 @@ A side of a split is two files:
 The dtype of the ids is the manifest's "ids_dtype" (docs/data.md).
 """
 import itertools
+import mmap
 import os
 
 import numpy as np
@@ -48,10 +49,17 @@ class IdsWriter:
             handle.close()
 
 
+def map_file(path, dtype):
+    """A read-only array over a memory-mapped file (see release_pages)."""
+    with open(path, "rb") as handle:
+        return np.frombuffer(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), dtype)
+
+
 def read_ids(ids_path, offsets_path, dtype):
     """Memory-map one side: returns (ids (total,) of dtype, offsets (lines + 1,) int64), both read-only; pages
-    are read from disk when a batch touches them, and every process that maps the files shares them."""
-    offsets = np.memmap(offsets_path, OFFSETS_DTYPE, mode="r")
+    are read from disk (or the page cache) when a batch touches them, and every process that maps the files
+    shares them."""
+    offsets = map_file(offsets_path, OFFSETS_DTYPE)
     dtype = np.dtype(dtype)
     if os.path.getsize(ids_path) != offsets[-1] * dtype.itemsize:
         raise UserError("%s holds %d bytes but %s ends at id %d: the data dir is damaged; rebuild it with "
@@ -59,4 +67,17 @@ def read_ids(ids_path, offsets_path, dtype):
                         % (ids_path, os.path.getsize(ids_path), offsets_path, offsets[-1]))
     if offsets[-1] == 0:  # no ids at all: an empty file cannot be mapped
         return np.zeros(0, dtype), offsets
-    return np.memmap(ids_path, dtype, mode="r"), offsets
+    return map_file(ids_path, dtype), offsets
+
+
+def release_pages(*arrays):
+    """Take the pages of the memory-mapped arrays (or views of them) out of this process's resident memory. They
+    stay in the kernel's page cache and come back on the next touch without reading the disk. Without this, every
+    page a batch touched (and the pages the kernel maps around it) would count in the process's RSS until the
+    kernel needed the memory: hundreds of MB within a few hundred batches of a large corpus. Other arrays are left
+    alone."""
+    for array in arrays:
+        while isinstance(array, np.ndarray):
+            array = array.base
+        if isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap):  # np.frombuffer's base
+            array.obj.madvise(mmap.MADV_DONTNEED)

@@ -274,9 +274,9 @@ def test_training_skips_or_truncates_long_pairs():
     side = lambda lines: (np.array([i for l in lines for i in l], np.int32),
                           np.cumsum([0] + [len(l) for l in lines]).astype(np.int64))
     kept, over = select_pairs(side(src), side(tgt), 4, 4)
-    assert over == 2 and kept.lengths1.tolist() == [3, 2] and kept.lengths2.tolist() == [1, 2]
+    assert over == 2 and kept.lengths1.tolist() == [4, 3] and kept.lengths2.tolist() == [2, 3]  # with </s>
     cut, over_truncated = select_pairs(side(src), side(tgt), 4, 4, truncate=True)
-    assert over_truncated == 2 and cut.lengths1.tolist() == [1, 3, 3, 2] and cut.lengths2.tolist() == [3, 1, 1, 2]
+    assert over_truncated == 2 and cut.lengths1.tolist() == [2, 4, 4, 3] and cut.lengths2.tolist() == [4, 2, 2, 3]
 
 
 def test_token_batches_have_little_padding():
