@@ -1,26 +1,31 @@
-"""tf.data input pipeline over the BPE-segmented files that prepro.py writes.
+"""tf.data input pipeline over the ids that prepro.py writes (idsfile.py), memory-mapped.
 
 A batch is a pair (xs, ys):
-    xs = (x, x_seqlen, sent1):               x (N, T1) int32 = source ids + </s>, padded with 0
-    ys = (decoder_input, y, y_seqlen, sent2): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>
-sent1 and sent2 are the segmented sentences as strings (N,).
+    xs = (x, x_seqlen):               x (N, T1) int32 = source ids + </s>, padded with 0; x_seqlen (N,)
+    ys = (decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>
+No strings ride along: an empty source line is x_seqlen == 1, and references are read from the split's text files.
 
-Batches are planned in Python once per epoch and padded with numpy; tf.data runs the generator ahead of the
-training step (prefetch). Two batching modes:
+An epoch is planned with numpy over the pairs' lengths only; each batch is gathered from the memory-mapped ids and
+padded with numpy, so memory does not grow with the corpus (the pages of the ids are the kernel's, shared by every
+process that maps them). tf.data runs the generator ahead of the training step (prefetch). Two batching modes:
     sentences: batch_size sentences per batch, each side padded to its longest sentence;
     tokens:    length buckets. A pair's bucket is the smallest width W of bucket_widths() that holds its longer
                side. Pairs sorted by bucket fill batches of exactly batch_size // W pairs (all but the last), W the
                widest bucket among them, and both sides are padded to W: no batch exceeds the token budget,
                padding included, and training sees one batch shape per width, since oneDNN builds and keeps
                kernels for every shape, which costs memory and time.
-Training batches are shuffled; evaluation batches keep every line, in order.
+Training batches are shuffled; evaluation batches (sentences mode) keep every line, in order.
 """
+import dataclasses
+import functools
 import math
+import os
 
 import numpy as np
 import tensorflow as tf
 
-from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, read_lines  # noqa: F401  (PAD_ID: for the tools that import it from here)
+from idsfile import read_ids, release_pages
+from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401  (PAD_ID: for the tools that import it from here)
 
 
 def load_vocab(vocab_fpath):
@@ -30,35 +35,67 @@ def load_vocab(vocab_fpath):
     return token2idx, dict(enumerate(idx2token))
 
 
-def load_data(fpath1, fpath2, maxlen1=None, maxlen2=None, truncate=False):
-    """Reads two line-aligned segmented files.
+def text_ids(bpe_fpath, token2idx):
+    """The ids of a segmented text file (pieces joined by spaces; unknown pieces map to <unk>) in the layout of
+    idsfile.py: returns ids (total,) int32 and offsets (lines + 1,) int64. Data dirs of manifest format 1 have
+    only these text files."""
+    lines = [[token2idx.get(piece, UNK_ID) for piece in line.split()] for line in iter_lines(bpe_fpath)]
+    offsets = np.zeros(len(lines) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(line) for line in lines])
+    return np.array([i for line in lines for i in line], np.int32), offsets
 
-    maxlen1, maxlen2: length limits in pieces counting </s>; pairs over them are skipped (or truncated when
-    `truncate`). None keeps every pair, as evaluation must.
-    Returns sents1, sents2 (lists of str) and the number of pairs skipped or truncated.
+
+def load_side(data_dir, manifest, split, side):
+    """(ids, offsets) of one side of a split (see idsfile.py): memory-mapped, or read from its .bpe text file in a
+    data dir of manifest format 1."""
+    files = manifest["splits"][split]
+    if manifest.get("format", 1) < 2:
+        token2idx, _ = load_vocab(os.path.join(data_dir, manifest["bpe_vocab"]))
+        return text_ids(os.path.join(data_dir, files["bpe%d" % side]), token2idx)
+    return read_ids(os.path.join(data_dir, files["ids%d" % side]), os.path.join(data_dir, files["offsets%d" % side]),
+                    manifest["ids_dtype"])
+
+
+@dataclasses.dataclass
+class Pairs:
+    """The pairs a dataset draws batches from. Pair i's source pieces are ids1[starts1[i]:starts1[i] + lengths1[i] - 1]:
+    lengths1 is x_seqlen, counting </s>; its target pieces likewise on side 2 (lengths2: y_seqlen, counting </s>)."""
+    ids1: np.ndarray
+    starts1: np.ndarray
+    lengths1: np.ndarray
+    ids2: np.ndarray
+    starts2: np.ndarray
+    lengths2: np.ndarray
+
+    def __len__(self):
+        return len(self.starts1)
+
+
+def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
+    """The pairs of two line-aligned sides within the length limits.
+
+    side1, side2: (ids, offsets) each (see load_side). maxlen1, maxlen2: limits in pieces counting </s>; pairs over
+    them are skipped (or cut to them when `truncate`). None keeps every pair, as evaluation must.
+    Returns Pairs and the number of pairs skipped or truncated.
     """
-    lines1, lines2 = read_lines(fpath1), read_lines(fpath2)
-    if len(lines1) != len(lines2):
-        raise ValueError("%s has %d lines but %s has %d" % (fpath1, len(lines1), fpath2, len(lines2)))
-    if maxlen1 is None and maxlen2 is None:
-        return lines1, lines2, 0
-    sents1, sents2, over = [], [], 0
-    for sent1, sent2 in zip(lines1, lines2):
-        pieces1, pieces2 = sent1.split(), sent2.split()
-        if len(pieces1) + 1 > maxlen1 or len(pieces2) + 1 > maxlen2:
-            over += 1
-            if not truncate:
-                continue
-            sent1, sent2 = " ".join(pieces1[:maxlen1 - 1]), " ".join(pieces2[:maxlen2 - 1])
-        sents1.append(sent1)
-        sents2.append(sent2)
-    return sents1, sents2, over
-
-
-def encode(sentence, side, token2idx):
-    """Segmented sentence -> ids. side "x": pieces + </s>; "y": <s> + pieces + </s>. Unknown pieces map to <unk>."""
-    ids = [token2idx.get(piece, UNK_ID) for piece in sentence.split()]
-    return ids + [EOS_ID] if side == "x" else [BOS_ID] + ids + [EOS_ID]
+    (ids1, offsets1), (ids2, offsets2) = side1, side2
+    if len(offsets1) != len(offsets2):
+        raise ValueError("side 1 has %d lines but side 2 has %d" % (len(offsets1) - 1, len(offsets2) - 1))
+    lengths1, lengths2 = np.diff(offsets1).astype(np.int32) + 1, np.diff(offsets2).astype(np.int32) + 1
+    keep = np.ones(len(lengths1), bool)
+    if maxlen1 is not None or maxlen2 is not None:
+        keep = (lengths1 <= maxlen1) & (lengths2 <= maxlen2)
+    over = int((~keep).sum())
+    if truncate:
+        lengths1, lengths2 = np.minimum(lengths1, maxlen1), np.minimum(lengths2, maxlen2)
+        keep[:] = True
+    if keep.all():  # the offsets themselves (a memory map) are the starts: no copy
+        pairs = Pairs(ids1, offsets1[:-1], lengths1, ids2, offsets2[:-1], lengths2)
+    else:
+        index = np.flatnonzero(keep)
+        pairs = Pairs(ids1, offsets1[:-1][index], lengths1[index], ids2, offsets2[:-1][index], lengths2[index])
+    release_pages(offsets1, offsets2)
+    return pairs, over
 
 
 def bucket_widths(longest, growth):
@@ -74,9 +111,13 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     """Groups example indices into batches.
 
     lengths1, lengths2: (n,) sequence lengths of x and y. rng: a numpy RandomState to shuffle with (training),
-    or None to keep the order (evaluation). growth: see bucket_widths (tokens mode).
-    In tokens mode every batch but the last holds exactly batch_size // W pairs padded to width W, so a whole
-    epoch comes in about one shape per bucket (each new shape costs oneDNN kernel memory, docs/performance.md).
+    or None to keep the order (evaluation; in tokens mode the pairs are still grouped by bucket).
+    growth: see bucket_widths (tokens mode).
+    In tokens mode pairs sorted by bucket (then source and target length, ties in random order) are cut into
+    batches of batch_size // W pairs padded to W: a batch closes once it holds batch_size // W pairs, W the
+    bucket of the last pair in it, and the pairs left over from narrower buckets join the next bucket's first
+    batch. Every batch but the last is full, so a whole epoch comes in about one shape per bucket (each new shape
+    costs oneDNN kernel memory, docs/performance.md). Only the buckets are looped over, not the pairs.
     Returns a list of (index array, padded width): the width is None in sentences mode.
     """
     n = len(lengths1)
@@ -88,20 +129,29 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
         raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise --batch_size "
                          "or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
     widths = bucket_widths(longest.max(initial=1), growth)
-    bucket = widths[np.searchsorted(widths, longest)]  # (n,) the padded width of each pair
-    order = np.arange(n)
-    if rng is not None:  # by bucket, then source and target length; ties in random order
-        ties = rng.permutation(n)
-        order = ties[np.lexsort((lengths2[ties], lengths1[ties], bucket[ties]))]
-    batches, start, width = [], 0, 1
-    for end, idx in enumerate(order, 1):  # a batch closes once it holds batch_size // width pairs
-        width = max(width, bucket[idx])
-        while end - start >= batch_size // width:  # padded to the window's width: one batch shape per width
-            batches.append((order[start:start + batch_size // width], int(width)))
-            start += batch_size // width
-            width = bucket[order[start:end]].max(initial=1)
+    bucket = np.searchsorted(widths, longest).astype(np.int16)  # (n,) each pair's bucket, an index into widths
+    ties = rng.permutation(n) if rng is not None else np.arange(n)
+    ties = ties.astype(np.int32) if n < 2 ** 31 else ties
+    # one int64 key (bucket, then source length, then target length) in a stable sort: the order of a lexsort
+    # over the three, in a fraction of its time and memory
+    key = bucket[ties].astype(np.int64)
+    key *= int(lengths1.max(initial=0)) + 1
+    key += lengths1[ties]
+    key *= int(lengths2.max(initial=0)) + 1
+    key += lengths2[ties]
+    order = ties[np.argsort(key, kind="stable")]
+    del key, ties
+    sorted_bucket = bucket[order]
+    group_ends = np.flatnonzero(np.diff(sorted_bucket)).tolist() + [n - 1]  # the last pair of each bucket
+    batches, start = [], 0
+    for last in group_ends:
+        width = int(widths[sorted_bucket[last]])
+        size = batch_size // width
+        full = (last + 1 - start) // size
+        batches += [(order[i:i + size], width) for i in range(start, start + full * size, size)]
+        start += full * size
     if start < n:
-        batches.append((order[start:], int(width)))
+        batches.append((order[start:], int(widths[sorted_bucket[-1]])))
     if rng is not None:
         rng.shuffle(batches)
     return batches
@@ -116,46 +166,65 @@ def pad(sequences, width=None):
     return array, lengths
 
 
-def generator_fn(sents1, sents2, vocab_fpath, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
+def gather(ids, starts, lengths, width, first=None, last=None):
+    """Rows [first] + ids[starts[r]:starts[r] + lengths[r]] + [last] (first, last: an id or None for none),
+    padded with 0 to width. ids: (total,) ids (a memory map); starts, lengths: (N,). Returns (N, width) int32."""
+    lead = int(first is not None)
+    rows = np.zeros([len(starts), width], np.int32)
+    if first is not None:
+        rows[:, 0] = first
+    row = np.repeat(np.arange(len(starts)), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rows[row, within + lead] = ids[np.repeat(starts, lengths) + within]
+    if last is not None:
+        rows[np.arange(len(starts)), lengths + lead] = last
+    return rows
+
+
+def make_batch(pairs, index, width=None):
+    """The batch (xs, ys) of the pairs at `index` (see the module docstring), both sides padded to width (None:
+    each side to its longest sequence)."""
+    x_seqlen, y_seqlen = pairs.lengths1[index], pairs.lengths2[index]
+    width1, width2 = width or int(x_seqlen.max(initial=1)), width or int(y_seqlen.max(initial=1))
+    x = gather(pairs.ids1, pairs.starts1[index], x_seqlen - 1, width1, last=EOS_ID)
+    decoder_input = gather(pairs.ids2, pairs.starts2[index], y_seqlen - 1, width2, first=BOS_ID)
+    y = gather(pairs.ids2, pairs.starts2[index], y_seqlen - 1, width2, last=EOS_ID)
+    return (x, x_seqlen), (decoder_input, y, y_seqlen)
+
+
+def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
     """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays, and num_batches(epoch).
 
-    seed: shuffle with numpy RandomState(seed + epoch), so a resumed run replays the same epoch;
+    pairs: Pairs. seed: shuffle with numpy RandomState(seed + epoch), so a resumed run replays the same epoch;
     None keeps the order. growth: see bucket_widths (tokens mode).
     """
-    token2idx, _ = load_vocab(vocab_fpath)
-    xs_ids = [encode(s, "x", token2idx) for s in sents1]
-    ys_ids = [encode(s, "y", token2idx) for s in sents2]
-    lengths1 = np.array([len(x) for x in xs_ids])
-    lengths2 = np.array([len(y) - 1 for y in ys_ids])
-    sents1, sents2 = np.array(sents1, dtype=object), np.array(sents2, dtype=object)
+    @functools.lru_cache(maxsize=1)  # an epoch's plan is asked for by num_batches and generate alike
+    def plan_of(epoch):
+        rng = np.random.RandomState(seed + epoch) if seed is not None else None
+        return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
 
     def plan(epoch):
-        rng = np.random.RandomState(seed + int(epoch)) if seed is not None else None
-        return plan_batches(lengths1, lengths2, batch_size, batch_type, rng, growth)
+        return plan_of(int(epoch))
 
     def generate(epoch=0):
-        for batch, width in plan(epoch):
-            x, x_seqlen = pad([xs_ids[i] for i in batch], width)
-            decoder_input, y_seqlen = pad([ys_ids[i][:-1] for i in batch], width)
-            y, _ = pad([ys_ids[i][1:] for i in batch], width)
-            yield (x, x_seqlen, sents1[batch].astype(str)), (decoder_input, y, y_seqlen, sents2[batch].astype(str))
+        for index, width in plan(epoch):
+            batch = make_batch(pairs, index, width)
+            release_pages(pairs.ids1, pairs.starts1, pairs.ids2, pairs.starts2)
+            yield batch
 
     return generate, lambda epoch=0: len(plan(epoch))
 
 
-def input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle=False, batch_type="sentences", seed=0,
-             epoch=0, skip=0, growth=0.05):
-    """tf.data.Dataset of padded batches (xs, ys), and num_batches(epoch).
+def input_fn(pairs, batch_size, shuffle=False, batch_type="sentences", seed=0, epoch=0, skip=0, growth=0.05):
+    """tf.data.Dataset of padded batches (xs, ys) of `pairs`, and num_batches(epoch).
 
     epoch, skip: int32 scalars or tensors (e.g. placeholders fed when the iterator is initialized): which
     epoch's shuffle to replay, and how many of its batches to skip (to resume in the middle of an epoch).
     """
-    generate, num_batches = generator_fn(sents1, sents2, vocab_fpath, batch_size, batch_type,
-                                         seed if shuffle else None, growth)
-    ids, lengths, strings = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
-                             tf.TensorSpec([None], tf.string))
-    dataset = tf.data.Dataset.from_generator(
-        generate, args=(epoch,), output_signature=((ids, lengths, strings), (ids, ids, lengths, strings)))
+    generate, num_batches = generator_fn(pairs, batch_size, batch_type, seed if shuffle else None, growth)
+    ids, lengths = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
+    dataset = tf.data.Dataset.from_generator(generate, args=(epoch,),
+                                             output_signature=((ids, lengths), (ids, ids, lengths)))
     # tf.data's autotuner stays off: with it, re-initializing the iterator (each epoch, each dev decode) can stall
     # for seconds (docs/performance.md), and a generator followed by a fixed prefetch has nothing to tune.
     options = tf.data.Options()
@@ -163,15 +232,15 @@ def input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle=False, batch_type=
     return dataset.skip(tf.cast(skip, tf.int64)).prefetch(4).with_options(options), num_batches
 
 
-def get_batch(fpath1, fpath2, maxlen1, maxlen2, vocab_fpath, batch_size, shuffle=False, batch_type="sentences",
+def get_batch(data_dir, manifest, split, maxlen1, maxlen2, batch_size, shuffle=False, batch_type="sentences",
               seed=0, truncate=False, epoch=0, skip=0, growth=0.05):
-    """Dataset over two segmented files. Training passes shuffle=True and length limits; evaluation passes
-    maxlen1 = maxlen2 = None so that every line is kept, in order.
+    """Dataset over one split of a data dir (manifest: its manifest.json as a dict). Training passes shuffle=True
+    and length limits; evaluation passes maxlen1 = maxlen2 = None so that every line is kept, in order.
 
     Returns batches (tf.data.Dataset), num_batches(epoch), num_samples, and the count of pairs skipped
     (or truncated) for length. epoch and skip: see input_fn. growth: see bucket_widths (tokens mode).
     """
-    sents1, sents2, over = load_data(fpath1, fpath2, maxlen1, maxlen2, truncate)
-    batches, num_batches = input_fn(sents1, sents2, vocab_fpath, batch_size, shuffle, batch_type, seed,
-                                    epoch, skip, growth)
-    return batches, num_batches, len(sents1), over
+    pairs, over = select_pairs(load_side(data_dir, manifest, split, 1), load_side(data_dir, manifest, split, 2),
+                               maxlen1, maxlen2, truncate)
+    batches, num_batches = input_fn(pairs, batch_size, shuffle, batch_type, seed, epoch, skip, growth)
+    return batches, num_batches, len(pairs), over

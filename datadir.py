@@ -3,8 +3,11 @@
 See prepro.py for its layout. A build is written into a staging directory inside the data directory and its
 files are renamed into place only once all are complete, manifest.json last.
 """
+import array
 import contextlib
+import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -12,17 +15,34 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
-from corpora import FILE_FLAGS, SIDES, SPLITS, log, unzip_pairs
+from corpora import FILE_FLAGS, SIDES, SPLITS, check_same_length, log
 from errors import UserError
-from textio import (SPECIAL_PIECES, atomic_write, clean_line, sha256_bytes, write_json,
+from idsfile import IdsWriter, ids_dtype
+from textio import (SPECIAL_PIECES, UNK_ID, atomic_write, clean_line, iter_lines, line_writer, write_json,
                     write_lines)
 
-MANIFEST_FORMAT = 1
+#: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
+MANIFEST_FORMAT = 2
 MANIFEST_NAME = "manifest.json"
 BPE_MODEL = "bpe.model"
 BPE_VOCAB = "bpe.vocab"
+#: BPE is trained on a random sample of this many sentences (both sides) of train when it has more.
+BPE_SAMPLE_SENTENCES = 2_000_000
+#: Lines encoded at a time (by every core): memory holds one chunk of a split, never the split.
+CHUNK_LINES = 100_000
+#: A pass over a split reports its progress every this many lines.
+PROGRESS_LINES = 1_000_000
+
+
+def progress(lines, what):
+    """Yield each item of ``lines``, logging "WHAT: N lines" every PROGRESS_LINES of them."""
+    for count, line in enumerate(lines, 1):
+        if count % PROGRESS_LINES == 0:
+            log(f"{what}: {count} lines")
+        yield line
 
 
 def is_empty_pair(source, target):
@@ -30,46 +50,48 @@ def is_empty_pair(source, target):
     return not source or not target
 
 
-def count_empty_and_repeated(pairs):
-    """Counts of pairs with an empty side, and of non-empty pairs that repeat an earlier pair."""
-    full = [pair for pair in pairs if not is_empty_pair(*pair)]
-    return {"empty_pairs": len(pairs) - len(full), "duplicate_pairs": len(full) - len(set(full))}
+def pair_hash(source, target):
+    """A 64-bit hash of a pair, to count repeats without holding the pairs (two different pairs share one with a
+    chance of about n^2 / 2^65 among n pairs: 1 in a million for 4.5 million pairs)."""
+    digest = hashlib.blake2b(f"{source}\n{target}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
-def select_training_pairs(pairs, dedup):
-    """Training pairs without an empty side and, with ``dedup``, without repeats (first one kept)."""
-    full = [pair for pair in pairs if not is_empty_pair(*pair)]
-    return list(dict.fromkeys(full)) if dedup else full
+def first_occurrences(hashes):
+    """(n,) bool: whether each pair (by hash) is the first of its kind; their count is n minus the repeats."""
+    first = np.zeros(len(hashes), bool)
+    first[np.unique(np.asarray(hashes, np.uint64), return_index=True)[1]] = True
+    return first
 
 
-def length_ratio(pieces1, pieces2):
-    """How many times longer the longer side is (in BPE pieces)."""
-    shorter, longer = sorted((len(pieces1), len(pieces2)))
-    return longer / max(shorter, 1)
-
-
-def ratio_outliers(pairs, encoded, max_ratio):
-    """For each non-empty pair, whether one side has more than ``max_ratio`` times the other's pieces."""
-    return [not is_empty_pair(*pair) and length_ratio(*pieces) > max_ratio for pair, pieces in zip(pairs, encoded)]
+def length_ratios(lengths1, lengths2):
+    """How many times longer the longer side is than the shorter (in BPE pieces), for each pair: (n,) float."""
+    return np.maximum(lengths1, lengths2) / np.maximum(np.minimum(lengths1, lengths2), 1)
 
 
 # ----------------------------------------------------------------------------------------------
 # BPE
 
 
-def train_bpe(sentences, vocab_size):
-    """Train the joint BPE model on ``sentences``; returns the serialized model.
+def train_bpe(sentences, vocab_size, sample_size=0):
+    """Train the joint BPE model on the iterable ``sentences``; returns the serialized model.
 
-    Training reads every sentence in order (no sampling or shuffling), so it is deterministic.
+    sample_size 0 reads every sentence in order, with one thread; otherwise a random sample of sample_size
+    sentences, drawn with a fixed seed as the sentences stream by (memory holds the sample only), with every
+    core. Both are deterministic. bpe.model records the thread count: one thread for a corpus below the sample
+    size keeps its bpe.model the same on every machine.
     """
     model = io.BytesIO()
+    spm.set_random_generator_seed(1)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_writer=model, model_type="bpe", vocab_size=vocab_size,
             character_coverage=1.0, normalization_rule_name="identity",
             pad_id=SPECIAL_PIECES["<pad>"], unk_id=SPECIAL_PIECES["<unk>"], bos_id=SPECIAL_PIECES["<s>"],
             eos_id=SPECIAL_PIECES["</s>"], pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            input_sentence_size=0, shuffle_input_sentence=False, num_threads=1, minloglevel=2)
+            input_sentence_size=sample_size, shuffle_input_sentence=sample_size > 0,
+            num_threads=os.cpu_count() if sample_size else 1,
+            minloglevel=2)
     except RuntimeError as error:
         raise UserError(vocab_size_message(str(error), vocab_size)) from None
     return model.getvalue()
@@ -93,9 +115,14 @@ def vocab_size_message(error_text, vocab_size):
     return f"sentencepiece could not train the BPE model: {error_text.splitlines()[-1]}"
 
 
-def encode_lines(processor, lines):
-    """BPE pieces of each line (an empty line has none)."""
-    return processor.encode(list(lines), out_type=str)
+def encode_chunk(processor, lines, pieces):
+    """The BPE ids of each line (lists of int; an empty line has none) and the lines as pieces joined by spaces,
+    encoded by every core. pieces: the vocabulary's pieces by id; a line with <unk> (a character the sample did
+    not see) is segmented again to keep its own pieces in the text."""
+    ids = processor.encode(lines, out_type=int, num_threads=os.cpu_count())
+    texts = [" ".join(processor.encode(line, out_type=str)) if UNK_ID in line_ids else
+             " ".join([pieces[i] for i in line_ids]) for line, line_ids in zip(lines, ids)]
+    return ids, texts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,14 +131,16 @@ def encode_lines(processor, lines):
 
 def split_files(split):
     """File names of one split, as listed in the manifest."""
-    return {"raw1": f"{split}.1", "raw2": f"{split}.2", "bpe1": f"{split}.1.bpe", "bpe2": f"{split}.2.bpe"}
+    return {"raw1": f"{split}.1", "raw2": f"{split}.2", "bpe1": f"{split}.1.bpe", "bpe2": f"{split}.2.bpe",
+            "ids1": f"{split}.1.ids", "ids2": f"{split}.2.ids", "offsets1": f"{split}.1.offsets",
+            "offsets2": f"{split}.2.offsets"}
 
 
 def output_files(manifest):
     """Every file a finished data directory must hold, manifest excluded."""
     names = [manifest["bpe_model"], manifest["bpe_vocab"]]
     for split in manifest["splits"].values():
-        names += [split[key] for key in ("raw1", "raw2", "bpe1", "bpe2")]
+        names += [split[key] for key in split_files("").keys() if key in split]
     return names
 
 
@@ -126,22 +155,31 @@ def read_manifest(data_dir):
         raise UserError(f"{path} is unreadable ({error}); pass --force to rebuild {data_dir}") from None
 
 
+def describe_side(lines):
+    """(number of lines, hex sha256 of the lines joined by '\\n'), reading the lines once."""
+    digest, count = hashlib.sha256(), 0
+    for count, line in enumerate(lines, 1):
+        digest.update(b"\n" + line.encode("utf-8") if count > 1 else line.encode("utf-8"))
+    return count, digest.hexdigest()
+
+
 def describe_inputs(splits, sources):
-    """{flag: {"source": where it came from, "sha256": of its lines joined by '\\n'}} for each side."""
-    inputs = {}
+    """{flag: {"source": where it came from, "sha256": of its lines joined by '\\n'}} for each side, and
+    {split: pairs}, reading every side once. Raises UserError if the two sides of a split differ in length."""
+    inputs, counts = {}, {}
     for split in SPLITS:
         for side in SIDES:
             flag = FILE_FLAGS[split, side]
-            inputs[flag] = {"source": sources.get(flag, "in memory"),
-                            "sha256": sha256_bytes("\n".join(splits[split][side - 1]).encode("utf-8"))}
-    return inputs
+            counts[split, side], sha256 = describe_side(progress(splits[split][side - 1], f"reading --{flag}"))
+            inputs[flag] = {"source": sources.get(flag, "in memory"), "sha256": sha256}
+        check_same_length(counts[split, 1], counts[split, 2], sources.get(FILE_FLAGS[split, 1], "side 1"),
+                          sources.get(FILE_FLAGS[split, 2], "side 2"))
+    return inputs, {split: counts[split, 1] for split in SPLITS}
 
 
 def build_differences(manifest, options, inputs):
     """What differs between an existing build and the requested one, as short phrases."""
     differences = []
-    if manifest.get("format") != MANIFEST_FORMAT:
-        differences.append(f"manifest format {manifest.get('format')} -> {MANIFEST_FORMAT}")
     old_options = manifest.get("options", {})
     for key in sorted(set(old_options) | set(options)):
         if old_options.get(key) != options.get(key):
@@ -153,11 +191,17 @@ def build_differences(manifest, options, inputs):
     return differences
 
 
+def older_format_message(data_dir, manifest):
+    """The line that refuses to reuse a data dir written by an older prepro.py."""
+    return (f"{data_dir} was written by an older prepro.py (manifest format {manifest.get('format')}, now "
+            f"{MANIFEST_FORMAT}): re-run prepro.py with --force to rebuild it")
+
+
 def is_up_to_date(data_dir, options, inputs, force):
     """True if ``data_dir`` already holds this exact build.
 
-    Raises UserError if it holds another build, unless ``force``: then the old build stays usable
-    until the new one is complete (see publish).
+    Raises UserError if it holds another build or one of an older format, unless ``force``: then the old build
+    stays usable until the new one is complete (see publish).
     """
     manifest_path = Path(data_dir) / MANIFEST_NAME
     if force:
@@ -165,6 +209,8 @@ def is_up_to_date(data_dir, options, inputs, force):
     manifest = read_manifest(data_dir)
     if manifest is None:
         return False
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise UserError(older_format_message(data_dir, manifest))
     differences = build_differences(manifest, options, inputs)
     if differences:
         raise UserError(f"{data_dir} was built from other inputs or options ({'; '.join(differences)}): "
@@ -183,40 +229,39 @@ def check_data_dir(data_dir):
         raise UserError(f"--data_dir {data_dir} is a file, not a directory")
 
 
-def build_data_dir(data_dir, splits, options, sources=None, downloads=None, force=False):
-    """Write a complete data directory from in-memory splits and return its manifest.
+def build_data_dir(data_dir, splits, options, sources=None, downloads=None, force=False, chunk_lines=CHUNK_LINES,
+                   sample_sentences=BPE_SAMPLE_SENTENCES):
+    """Write a complete data directory from a corpus and return its manifest.
 
-    ``splits`` maps train/eval/test to (source_lines, target_lines) of raw text; ``options`` must hold
-    dataset, vocab_size, dedup, filter_ratio, max_ratio, src_lang and tgt_lang plus any other option
-    that shaped the input; ``sources`` names where each side came from (keys train1 ... test2).
-    Does nothing if ``data_dir`` already holds the same build.
+    ``splits`` maps train/eval/test to (source_lines, target_lines) of raw text, each re-iterable (a list or
+    corpora.LinesOf: they are streamed, never held); ``options`` must hold dataset, vocab_size, dedup,
+    filter_ratio, max_ratio, src_lang and tgt_lang plus any other option that shaped the input; ``sources``
+    names where each side came from (keys train1 ... test2). chunk_lines: lines encoded at a time;
+    sample_sentences: see BPE_SAMPLE_SENTENCES. Does nothing if ``data_dir`` already holds the same build.
     """
     data_dir = Path(data_dir)
     check_data_dir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    inputs = describe_inputs(splits, sources or {})
+    inputs, counts = describe_inputs(splits, sources or {})
     if is_up_to_date(data_dir, options, inputs, force):
         log(f"{data_dir} is up to date (same inputs and options); nothing to do")
         return read_manifest(data_dir)
-
-    cleaned = {split: [(clean_line(source), clean_line(target)) for source, target in zip(*splits[split])]
-               for split in SPLITS}
     for split in ("eval", "test"):
-        if not cleaned[split]:
+        if not counts[split]:
             name = "dev" if split == "eval" else "test"
             raise UserError(f"the {name} split is empty ({describe_sides(split, sources)}): train.py scores BLEU on "
                             f"dev and test.py on test; give at least one {name} pair")
-    train_pairs = select_training_pairs(cleaned["train"], options["dedup"])
-    if not train_pairs:
-        raise UserError("no training pairs are left after dropping empty ones; check the train files")
     with staging_dir(data_dir) as staging:
-        processor = write_bpe_model(staging, train_pairs, options["vocab_size"])
+        cleaned = {split: clean_split(staging, split, *splits[split], options["dedup"]) for split in SPLITS}
+        if not cleaned["train"].keep.any():
+            raise UserError("no training pairs are left after dropping empty ones; check the train files")
+        processor, bpe_training = write_bpe_model(staging, cleaned["train"], options["vocab_size"],
+                                                  sample_sentences)
         split_reports = {}
         for split in SPLITS:
-            pairs = train_pairs if split == "train" else cleaned[split]
-            split_reports[split] = write_split(staging, split, cleaned[split], pairs, processor, options)
+            split_reports[split] = write_split(staging, split, cleaned[split], processor, options, chunk_lines)
             log(describe_split(split, split_reports[split], options))
-        manifest = build_manifest(options, processor, inputs, downloads, split_reports)
+        manifest = build_manifest(options, processor, inputs, downloads, split_reports, bpe_training)
         write_json(staging / MANIFEST_NAME, manifest)
         publish(staging, data_dir)
     return manifest
@@ -256,51 +301,113 @@ def publish(staging, data_dir):
     os.replace(staging / MANIFEST_NAME, Path(data_dir) / MANIFEST_NAME)
 
 
-def build_manifest(options, processor, inputs, downloads, split_reports):
-    """The manifest.json of a build (see the module docstring)."""
+def build_manifest(options, processor, inputs, downloads, split_reports, bpe_training):
+    """The manifest.json of a build (see the module docstring and docs/data.md)."""
     return {
         "format": MANIFEST_FORMAT, "dataset": options["dataset"],
         "src_lang": options["src_lang"], "tgt_lang": options["tgt_lang"],
         "vocab_size": processor.get_piece_size(),
-        "bpe_model": BPE_MODEL, "bpe_vocab": BPE_VOCAB,
+        "bpe_model": BPE_MODEL, "bpe_vocab": BPE_VOCAB, "bpe_training": bpe_training,
+        "ids_dtype": ids_dtype(processor.get_piece_size()).name,
         "special_ids": SPECIAL_PIECES,
         "options": options, "inputs": inputs, "downloads": downloads or [],
         "splits": split_reports,
     }
 
 
-def write_bpe_model(data_dir, train_pairs, vocab_size):
-    """Train the joint BPE model on both sides of ``train_pairs``, write bpe.model / bpe.vocab, return it."""
-    log(f"training BPE (vocab_size {vocab_size}) on {len(train_pairs)} training pairs")
-    model = train_bpe([side for pair in train_pairs for side in pair], vocab_size)
+class CleanSplit:
+    """A split cleaned into two staging files (clean1, clean2) in step, and what cleaning found: input_lines,
+    empty_pairs, duplicate_pairs, and keep, (lines,) bool: the lines that stay (all but repeats with --dedup)."""
+
+    def __init__(self, clean1, clean2, input_lines, empty_pairs, duplicate_pairs, keep):
+        self.clean1, self.clean2, self.keep = clean1, clean2, keep
+        self.input_lines, self.empty_pairs, self.duplicate_pairs = input_lines, empty_pairs, duplicate_pairs
+
+    def pairs(self):
+        """The kept (source, target) pairs, read from the staging files."""
+        return itertools.compress(zip(iter_lines(self.clean1), iter_lines(self.clean2)), self.keep)
+
+
+def clean_split(staging, split, lines1, lines2, dedup):
+    """Clean a split line by line into staging/SPLIT.clean.1 and .2 (see textio.clean_line). Train leaves out pairs
+    with an empty side, and with ``dedup`` keeps the first of repeated pairs only. Returns a CleanSplit."""
+    clean1, clean2 = staging / f"{split}.clean.1", staging / f"{split}.clean.2"
+    hashes, empty, lines = array.array("Q"), 0, 0
+    with line_writer(clean1) as write1, line_writer(clean2) as write2:
+        for lines, (source, target) in enumerate(progress(zip(lines1, lines2), f"cleaning {split}"), 1):
+            source, target = clean_line(source), clean_line(target)
+            if is_empty_pair(source, target):
+                empty += 1
+                if split == "train":
+                    continue
+            else:
+                hashes.append(pair_hash(source, target))
+            write1(source)
+            write2(target)
+    first = first_occurrences(hashes)
+    written = lines - empty if split == "train" else lines
+    keep = first if split == "train" and dedup else np.ones(written, bool)
+    return CleanSplit(clean1, clean2, lines, empty, len(hashes) - int(first.sum()), keep)
+
+
+def write_bpe_model(data_dir, train, vocab_size, sample_sentences):
+    """Train the joint BPE model on both sides of the kept pairs of ``train`` (a CleanSplit), on a sample of
+    sample_sentences sentences if there are more, and write bpe.model / bpe.vocab.
+    Returns the processor and the manifest's "bpe_training": {"sentences": of train, "sample": or None}."""
+    sentences = 2 * int(train.keep.sum())
+    sample = sample_sentences if sentences > sample_sentences else 0
+    log(f"training BPE (vocab_size {vocab_size}) on {sentences // 2} training pairs"
+        + (f", a random sample of {sample} of their {sentences} sentences" if sample else ""))
+    model = train_bpe((side for pair in train.pairs() for side in pair), vocab_size, sample)
     processor = spm.SentencePieceProcessor(model_proto=model)
     atomic_write(data_dir / BPE_MODEL, model)
     write_lines(data_dir / BPE_VOCAB, vocab_file_lines(processor))
-    return processor
+    return processor, {"sentences": sentences, "sample": sample or None}
 
 
-def write_split(data_dir, split, cleaned, pairs, processor, options):
-    """Encode and write one split's raw and BPE files; returns its manifest entry.
+def chunks(iterable, size):
+    """Lists of up to ``size`` consecutive items of ``iterable``."""
+    iterator = iter(iterable)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
-    ``cleaned`` are all cleaned pairs of the split, ``pairs`` those kept so far (for train: without
-    empty pairs and, with --dedup, repeats); length-ratio outliers leave train only with --filter_ratio.
-    """
-    encoded = list(zip(*(encode_lines(processor, side) for side in unzip_pairs(pairs))))
-    outliers = ratio_outliers(pairs, encoded, options["max_ratio"])
-    report = {"input_lines": len(cleaned), **count_empty_and_repeated(cleaned), "ratio_outliers": sum(outliers),
-              "dropped_empty": 0, "dropped_duplicates": 0, "dropped_ratio": 0}
-    if split == "train":
-        report["dropped_empty"] = report["empty_pairs"]
-        report["dropped_duplicates"] = len(cleaned) - report["empty_pairs"] - len(pairs)
-        if options["filter_ratio"]:
-            pairs = [pair for pair, outlier in zip(pairs, outliers) if not outlier]
-            encoded = [pieces for pieces, outlier in zip(encoded, outliers) if not outlier]
-            report["dropped_ratio"] = sum(outliers)
+
+def write_split(data_dir, split, clean, processor, options, chunk_lines=CHUNK_LINES):
+    """Encode the kept pairs of a CleanSplit, chunk_lines at a time, and write the split's text, BPE text and ids
+    files; returns its manifest entry. Length-ratio outliers leave train only with --filter_ratio."""
     files = split_files(split)
-    for side in SIDES:
-        write_lines(data_dir / files[f"raw{side}"], [pair[side - 1] for pair in pairs])
-        write_lines(data_dir / files[f"bpe{side}"], [" ".join(pieces[side - 1]) for pieces in encoded])
-    return {**files, "lines": len(pairs), **report}
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    dtype = ids_dtype(processor.get_piece_size())
+    lines = outliers = dropped_ratio = 0
+    with contextlib.ExitStack() as stack:
+        write = {key: stack.enter_context(line_writer(data_dir / files[key])) for key in ("raw1", "raw2", "bpe1", "bpe2")}
+        writers = [IdsWriter(data_dir / files[f"ids{side}"], data_dir / files[f"offsets{side}"], dtype) for side in SIDES]
+        for writer in writers:
+            stack.callback(writer.close)
+        for chunk in chunks(progress(clean.pairs(), f"encoding {split}"), chunk_lines):
+            texts = list(zip(*chunk))
+            encoded = [encode_chunk(processor, list(side_texts), pieces) for side_texts in texts]
+            lengths = [np.array([len(ids) for ids in side_ids], np.int64) for side_ids, _ in encoded]
+            nonempty = np.array([not is_empty_pair(*pair) for pair in chunk], bool)
+            outlier = nonempty & (length_ratios(*lengths) > options["max_ratio"])
+            outliers += int(outlier.sum())
+            kept = np.ones(len(chunk), bool)
+            if split == "train" and options["filter_ratio"]:
+                kept, dropped_ratio = ~outlier, dropped_ratio + int(outlier.sum())
+            for side, (side_ids, side_pieces) in zip(SIDES, encoded):
+                for raw, bpe in itertools.compress(zip(texts[side - 1], side_pieces), kept):
+                    write[f"raw{side}"](raw)
+                    write[f"bpe{side}"](bpe)
+                writers[side - 1].write(list(itertools.compress(side_ids, kept)))
+            lines += int(kept.sum())
+    clean.clean1.unlink()
+    clean.clean2.unlink()
+    duplicates = clean.duplicate_pairs if options["dedup"] and split == "train" else 0
+    report = {"input_lines": clean.input_lines, "empty_pairs": clean.empty_pairs,
+              "duplicate_pairs": clean.duplicate_pairs, "ratio_outliers": outliers,
+              "dropped_empty": clean.empty_pairs if split == "train" else 0, "dropped_duplicates": duplicates,
+              "dropped_ratio": dropped_ratio}
+    return {**files, "lines": lines, **report}
 
 
 def describe_split(split, report, options):

@@ -158,16 +158,15 @@ def replica_rows(num_rows, replica_id, num_replicas):
 def replica_batch(xs, ys, replica_id, num_replicas):
     """This replica's share of a global batch, trimmed to its longest source and target.
 
-    xs: (x (N, T1), x_seqlen (N,), sent1 (N,)); ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,), sent2 (N,)).
+    xs: (x (N, T1), x_seqlen (N,)); ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,)).
     Returns xs, ys in the same layout with n = end - start rows (see replica_rows), (n, t1) and (n, t2).
     """
-    x, x_seqlen, sent1 = xs
-    decoder_input, y, y_seqlen, sent2 = ys
+    x, x_seqlen = xs
+    decoder_input, y, y_seqlen = ys
     start, end = replica_rows(tf.shape(x)[0], replica_id, num_replicas)
     x_seqlen, y_seqlen = x_seqlen[start:end], y_seqlen[start:end]
     t1, t2 = tf.maximum(tf.reduce_max(x_seqlen), 1), tf.maximum(tf.reduce_max(y_seqlen), 1)  # max of () is -2^31
-    return ((x[start:end, :t1], x_seqlen, sent1[start:end]),
-            (decoder_input[start:end, :t2], y[start:end, :t2], y_seqlen, sent2[start:end]))
+    return (x[start:end, :t1], x_seqlen), (decoder_input[start:end, :t2], y[start:end, :t2], y_seqlen)
 
 
 def replica_step(hp, xs, ys, optimizer, global_step):

@@ -75,7 +75,7 @@ def build_translator(hp):
     """
     src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
     x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)  # (N,), counts </s>
-    xs = (src_ids, x_seqlen, tf.zeros_like(x_seqlen, tf.string))
+    xs = (src_ids, x_seqlen)
     ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
     return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"), "scores": tf.identity(scores, name="scores")}
 

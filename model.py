@@ -4,8 +4,8 @@
     loss_sum, token_count, attention = model.loss(xs, ys)   # training: distributed.build_train builds the step
     ids, scores, summaries = model.eval(xs, ys)   # greedy (or beam, hp.beam_size) with a decoding cache
 
-xs = (x, x_seqlen, sent1): x (N, T1) int32 source ids ending in </s>, padded with 0.
-ys = (decoder_input, y, y_seqlen, sent2): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
+xs = (x, x_seqlen): x (N, T1) int32 source ids ending in </s>, padded with 0; x_seqlen (N,) counts </s>.
+ys = (decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
 
 Variable names (stable across versions, so checkpoints restore; see docs/checkpoint-format.md):
   shared_weight_matrix/weight_mat                                  (V, d_model) embeddings = output projection
@@ -57,7 +57,7 @@ class Transformer:
         return ln(outputs, scope="final_ln") if self.hp.norm_type == "pre" else outputs
 
     def encode(self, xs, training=True):
-        """xs: (x (N, T1), x_seqlen (N,), sent1 (N,)).
+        """xs: (x (N, T1), x_seqlen (N,)).
 
         Returns memory (N, T1, d_model) and src_masks (N, T1) bool, True at padding.
         """
@@ -114,16 +114,16 @@ class Transformer:
             return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
-        """ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,), sent2 (N,)). memory: (N, T1, d_model).
+        """ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,)). memory: (N, T1, d_model).
 
-        Returns logits (N, T2, V), greedy ids y_hat (N, T2), y, sent2, and the last block's
+        Returns logits (N, T2, V), greedy ids y_hat (N, T2), y, and the last block's
         cross-attention (N, h, T2, T1).
         """
-        decoder_input, y, _, sents2 = ys
+        decoder_input, y, _ = ys
         dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training)
         logits = self._logits(dec)
         y_hat = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
-        return logits, y_hat, y, sents2, attention
+        return logits, y_hat, y, attention
 
     # ---------------------------------------------------------------- training
     def loss(self, xs, ys):
@@ -131,7 +131,7 @@ class Transformer:
         cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss. Logits are computed
         for the non-pad tokens only, a chunk of rows at a time (modules.output_loss)."""
         memory, src_masks = self.encode(xs)
-        decoder_input, y, _, _ = ys
+        decoder_input, y, _ = ys
         dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)  # (N, T2, d_model)
         nonpadding = tf.not_equal(y, PAD_ID)  # (N, T2)
         loss_sum = output_loss(tf.boolean_mask(dec, nonpadding), self.embeddings,  # (M, d_model): M non-pad tokens
@@ -270,7 +270,7 @@ class Transformer:
     def translate(self, xs, beam_size=1, alpha=0.6, max_len_a=1.5, max_len_b=10, cached=True):
         """Translates a batch inside one tf.while_loop.
 
-        xs: (x (N, T1), x_seqlen (N,), sent1). At most max_len_a * source_length + max_len_b steps per sentence.
+        xs: (x (N, T1), x_seqlen (N,)). At most max_len_a * source_length + max_len_b steps per sentence.
         beam_size 1 is greedy decoding. cached False re-runs the full decoder per step (greedy only; for tests).
         Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
         """

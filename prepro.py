@@ -14,12 +14,18 @@ The data directory (default ``data/NAME``) holds::
     eval.1 eval.2 test.1 test.2
     train.1.bpe ... test.2.bpe    the same lines as sentencepiece pieces joined by single spaces
                                   (an empty line stays empty)
+    train.1.ids, train.1.offsets  the same lines as BPE ids, which training memory-maps (idsfile.py):
+    ... test.2.ids, test.2.offsets  uint16 (int32 from 65536 pieces on), and int64 line offsets
     download/                     cached downloads (multi30k, iwslt2016 only)
 
+The corpus is streamed: read, cleaned and written line by line, and encoded a chunk of lines at a time with
+every core, so memory does not grow with it. BPE is trained on every training sentence, or on a random sample
+of datadir.BPE_SAMPLE_SENTENCES sentences when train has more (the manifest says which).
 Cleaning keeps every line: it strips '\\r' and surrounding whitespace, collapses inner whitespace
 to single spaces and applies Unicode NFC.  Training pairs with an empty side are dropped; duplicate
 pairs and pairs whose sides differ in length by more than ``--max_ratio`` (in BPE pieces) are
-reported, and dropped from train with ``--dedup`` / ``--filter_ratio``.  Dev and test lines are
+reported (repeats found by a 64-bit hash of each pair), and dropped from train with ``--dedup`` /
+``--filter_ratio``.  Dev and test lines are
 never dropped or reordered, and an empty dev or test split is refused.  Input files may be
 gzip-compressed.  A build is written into a staging directory inside the data directory and its
 files are renamed into place only once all are complete, manifest.json last, so a directory with a

@@ -41,9 +41,7 @@ def main(argv=None):
     hp = parse_args(argv)
     manifest, ckpt = trained_model_files(hp, hp.ckpt)
     files = split_paths(hp.data_dir, manifest, "test")
-    batches, num_batches, num_sentences, _ = get_batch(files["bpe1"], files["bpe2"], None, None,
-                                                       os.path.join(hp.data_dir, manifest["bpe_vocab"]),
-                                                       hp.test_batch_size)
+    batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None, hp.test_batch_size)
     if not num_sentences:
         raise UserError("the test split of %s is empty: nothing to translate; rebuild it with prepro.py and a test "
                         "set" % hp.data_dir)
@@ -55,7 +53,7 @@ def main(argv=None):
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()
         try:
-            hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[2], num_batches(), sp, "test", scores)
+            hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[1], num_batches(), sp, "test", scores)
         except FloatingPointError as error:
             raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with --ckpt"
                             % (error, ckpt)) from None

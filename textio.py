@@ -3,6 +3,7 @@
 Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings; reading accepts
 '\\r\\n', a missing final newline, a byte-order mark and gzip compression.
 """
+import contextlib
 import gzip
 import hashlib
 import io
@@ -49,6 +50,16 @@ def atomic_write(path, data):
 def write_lines(path, lines):
     """Atomically write ``lines`` as UTF-8 text, each followed by '\\n'."""
     atomic_write(path, "".join(line + "\n" for line in lines))
+
+
+@contextlib.contextmanager
+def line_writer(path):
+    """Write a new UTF-8 text file line by line: yields write(line), which appends line + '\\n'. The file is
+    flushed to disk when the block ends (a build writes such files into a staging directory: datadir.py)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as handle:
+        yield lambda line: handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_json(path, value):

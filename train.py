@@ -9,6 +9,9 @@ decoding scores stop training without saving over the last good checkpoint, and 
 at a time trains a logdir (LOGDIR/train.lock).
 """
 import os
+import time
+
+STARTED = time.time()  # before TensorFlow is imported: start-up time counts from here
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
@@ -20,7 +23,6 @@ import math
 import signal
 import shutil
 import struct
-import time
 
 import numpy as np
 import sentencepiece as spm
@@ -106,6 +108,8 @@ class Budget:
     def after_step(self, step):
         """Called after every training step with the new global step; fixes a time budget once it can."""
         self.run_steps += 1
+        if self.run_steps == 1:
+            print("first step of this run %.1f s after start" % (time.time() - STARTED), flush=True)
         if self.run_steps == self.SKIPPED_STEPS:
             self.timer_start, self.timed_from, self.eval_seconds = time.time(), step, []
         if (not self.decaying or self.total or not self.hp.max_minutes or step < self.hp.warmup_steps
@@ -161,7 +165,7 @@ class TrainGraph:
     """What build_graph builds for the training loop."""
     step: distributed.TrainStep  # loss, train_op, global_step, summaries and the workers' votes
     # data: one iterator, initialized by train_init (for epoch `epoch`, its first `skip` batches skipped) or
-    # eval_init; xs is its source side (x, x_seqlen, sent1)
+    # eval_init; xs is its source side (x, x_seqlen)
     epoch: tf.Tensor
     skip: tf.Tensor
     train_init: tf.Operation
@@ -193,15 +197,13 @@ def build_graph(hp, manifest, cluster):
     """Train and eval graphs over one iterator, the train step replicated as cluster says (distributed.py).
     Returns a TrainGraph."""
     tf1.set_random_seed(hp.seed + cluster.process_index)  # workers' dropout differs; initial values are the chief's
-    vocab = os.path.join(hp.data_dir, manifest["bpe_vocab"])
-    train_files, eval_files = split_paths(hp.data_dir, manifest, "train"), split_paths(hp.data_dir, manifest, "eval")
     epoch, skip = tf1.placeholder_with_default(0, []), tf1.placeholder_with_default(0, [])
     train_batches, train_num_batches, num_train, num_over = get_batch(
-        train_files["bpe1"], train_files["bpe2"], hp.maxlen1, hp.maxlen2, vocab, hp.batch_size, shuffle=True,
+        hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size, shuffle=True,
         batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate, epoch=epoch, skip=skip,
         growth=hp.bucket_growth)
-    eval_batches, eval_num_batches, num_eval, _ = get_batch(
-        eval_files["bpe1"], eval_files["bpe2"], None, None, vocab, hp.test_batch_size)
+    eval_batches, eval_num_batches, num_eval, _ = get_batch(hp.data_dir, manifest, "eval", None, None,
+                                                            hp.test_batch_size)
     iterator = tf1.data.Iterator.from_structure(tf1.data.get_output_types(train_batches),
                                                 tf1.data.get_output_shapes(train_batches))
     xs, ys = iterator.get_next()
@@ -259,7 +261,7 @@ def check_splits(g, hp):
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
     when a translation's score is not finite (as train_epoch does for non-finite weights)."""
-    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs[2], g.eval_num_batches, sp,
+    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs[1], g.eval_num_batches, sp,
                                 desc="dev", scores_op=g.eval_scores)
     atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)

@@ -201,7 +201,7 @@ class Translator:
         self.batch_size = hp.test_batch_size
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
-        xs = (self.x, self.x_seqlen, tf.zeros_like(self.x_seqlen, tf.string))
+        xs = (self.x, self.x_seqlen)
         model = Transformer(hp)
         if nbest == 1:
             ids, scores = model.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)

@@ -401,11 +401,12 @@ def postprocess(ids, sp):
     return texts
 
 
-def get_hypotheses(sess, init_op, ids_op, sents1_op, num_batches, sp, desc="translating", scores_op=None):
+def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, sp, desc="translating", scores_op=None):
     """Translates a whole dataset, batch by batch, in order.
 
-    init_op initializes the iterator; ids_op gives (N, T) ids, sents1_op the (N,) source strings, scores_op (if
-    given) the (N,) scores of the translations. An empty source line gets an empty hypothesis.
+    init_op initializes the iterator; ids_op gives (N, T) ids, x_seqlen_op the (N,) source lengths counting </s>,
+    scores_op (if given) the (N,) scores of the translations. An empty source line (x_seqlen 1: </s> only) gets an
+    empty hypothesis.
     Returns a list of strings, one per source line. Raises FloatingPointError when a score is not finite: the
     model's log-probabilities overflowed, although its weights may be finite.
     """
@@ -413,13 +414,13 @@ def get_hypotheses(sess, init_op, ids_op, sents1_op, num_batches, sp, desc="tran
     hypotheses = []
     progress = Progress(num_batches, desc, unit="batches")
     for batch in range(num_batches):
-        ids, sents1, *scores = sess.run([ids_op, sents1_op] + ([scores_op] if scores_op is not None else []))
+        ids, x_seqlen, *scores = sess.run([ids_op, x_seqlen_op] + ([scores_op] if scores_op is not None else []))
         if scores and not np.isfinite(scores[0]).all():
             progress.close()
             raise FloatingPointError("%s: decoding scores are not finite (batch %d of %d)"
                                      % (desc, batch + 1, num_batches))
         texts = postprocess(ids, sp)
-        hypotheses.extend("" if not s.strip() else t for s, t in zip(sents1, texts))
+        hypotheses.extend("" if length == 1 else text for length, text in zip(x_seqlen, texts))
         progress.update()
     progress.close()
     return hypotheses

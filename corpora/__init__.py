@@ -1,12 +1,13 @@
 """Where a parallel corpus comes from: the names of its splits and sides, and local files.
 
 A corpus is {split: (source_lines, target_lines)} for the splits train, eval (dev) and test; side 1 is the
-source, side 2 the target. corpora.numbers generates one, corpora.download fetches the public ones.
+source, side 2 the target. Each side is re-iterable: a list, or LinesOf a file, which is read line by line
+every time it is iterated, so that a corpus of any size is never held in memory. corpora.numbers generates one, corpora.download fetches the public ones.
 """
 from pathlib import Path
 
 from errors import UserError
-from textio import read_lines
+from textio import iter_lines
 
 SPLITS = ("train", "eval", "test")
 SIDES = (1, 2)
@@ -19,11 +20,21 @@ def log(message):
     print(f"prepro: {message}", flush=True)
 
 
-def check_same_length(lines1, lines2, name1, name2):
+def check_same_length(count1, count2, name1, name2):
     """Raise UserError unless the two sides of a parallel corpus have the same number of lines."""
-    if len(lines1) != len(lines2):
-        raise UserError(f"{name1} has {len(lines1)} lines but {name2} has {len(lines2)}: "
+    if count1 != count2:
+        raise UserError(f"{name1} has {count1} lines but {name2} has {count2}: "
                         "the two sides of a parallel corpus must have one line per sentence pair")
+
+
+class LinesOf:
+    """The lines of a text file (see textio.iter_lines), read anew each time they are iterated."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __iter__(self):
+        return iter_lines(self.path)
 
 
 def unzip_pairs(pairs):
@@ -35,19 +46,20 @@ def pair_up(lines, sources):
     """{(split, side): lines} -> {split: (lines1, lines2)}, checking that both sides have equal length."""
     splits = {}
     for split in SPLITS:
-        check_same_length(lines[split, 1], lines[split, 2], sources[FILE_FLAGS[split, 1]],
+        check_same_length(len(lines[split, 1]), len(lines[split, 2]), sources[FILE_FLAGS[split, 1]],
                           sources[FILE_FLAGS[split, 2]])
         splits[split] = (lines[split, 1], lines[split, 2])
     return splits
 
 
 def file_splits(paths):
-    """Read local parallel files {flag: path} and return (splits, sources)."""
+    """Local parallel files {flag: path} as (splits, sources); the files are read when the splits are iterated
+    (datadir.describe_inputs checks that both sides of a split have as many lines)."""
     for flag, path in paths.items():
         if Path(path).is_dir():
             raise UserError(f"{path} is a directory, not a file (--{flag})")
         if not Path(path).is_file():
             raise UserError(f"file not found: {path} (--{flag})")
-    lines = {key: read_lines(paths[flag]) for key, flag in FILE_FLAGS.items()}
     sources = {flag: str(path) for flag, path in paths.items()}
-    return pair_up(lines, sources), sources
+    return {split: (LinesOf(paths[FILE_FLAGS[split, 1]]), LinesOf(paths[FILE_FLAGS[split, 2]])) for split in SPLITS}, \
+        sources

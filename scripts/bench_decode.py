@@ -42,12 +42,12 @@ import tensorflow as tf  # noqa: E402
 
 import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
-from data_load import encode, load_data, load_vocab, pad  # noqa: E402
+from data_load import EOS_ID, load_side, pad  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
 from utils import (check_vocab, find_checkpoint, load_manifest, load_trained_hparams, resolve_precision,  # noqa: E402
-                   restore, session_config, split_paths)
+                   restore, session_config)
 
 tf1 = tf.compat.v1
 
@@ -92,11 +92,9 @@ def load_batches(data_dir, num_sentences, batch_size):
     """The first num_sentences eval sources as ids + </s>, sorted by length, in batches.
 
     Returns a list of lists of id lists."""
-    manifest = load_manifest(data_dir)
-    files = split_paths(data_dir, manifest, "eval")
-    sents1, _, _ = load_data(files["bpe1"], files["bpe2"])
-    token2idx, _ = load_vocab(os.path.join(data_dir, manifest["bpe_vocab"]))
-    sources = sorted((encode(s, "x", token2idx) for s in sents1[:num_sentences]), key=len)
+    ids, offsets = load_side(data_dir, load_manifest(data_dir), "eval", 1)
+    sources = sorted((ids[start:end].tolist() + [EOS_ID] for start, end in zip(offsets[:num_sentences],
+                                                                              offsets[1:num_sentences + 1])), key=len)
     return [[list(ids) for ids in sources[i:i + batch_size]] for i in range(0, len(sources), batch_size)]
 
 
@@ -193,7 +191,7 @@ def main(argv=None):
     matmul = matmul_gflops(config)
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
     x, x_seqlen = tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])
-    xs = (x, x_seqlen, tf.zeros_like(x_seqlen, tf.string))
+    xs = (x, x_seqlen)
     decoding = (hp.alpha, hp.max_len_a, hp.max_len_b)
 
     start = time.perf_counter()

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 import distributed  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from utils import load_manifest, resolve_precision, session_config, split_paths  # noqa: E402
+from utils import load_manifest, resolve_precision, session_config  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -95,14 +95,12 @@ def main(argv=None):
     tf.get_logger().setLevel("ERROR")
     manifest = load_manifest(hp.data_dir)
     hp.vocab_size = manifest["vocab_size"]
-    files = split_paths(hp.data_dir, manifest, "train")
     config = session_config(hp)
     matmul = matmul_gflops(config)
 
     start = time.time()
     tf1.set_random_seed(hp.seed)
-    batches, _, _, _ = get_batch(files["bpe1"], files["bpe2"], hp.maxlen1, hp.maxlen2,
-                                 os.path.join(hp.data_dir, manifest["bpe_vocab"]), hp.batch_size, shuffle=True,
+    batches, _, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size, shuffle=True,
                                  batch_type=hp.batch_type, seed=hp.seed, growth=hp.bucket_growth)
     xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
     train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op

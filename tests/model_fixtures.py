@@ -44,8 +44,8 @@ class Placeholders:
         self.x_seqlen = tf1.placeholder(tf.int32, [None])
         self.decoder_input = tf1.placeholder(tf.int32, [None, None])
         self.y = tf1.placeholder(tf.int32, [None, None])
-        self.xs = (self.x, self.x_seqlen, tf.zeros_like(self.x_seqlen, tf.string))
-        self.ys = (self.decoder_input, self.y, tf.reduce_sum(tf.sign(self.y), 1), tf.zeros_like(self.x_seqlen, tf.string))
+        self.xs = (self.x, self.x_seqlen)
+        self.ys = (self.decoder_input, self.y, tf.reduce_sum(tf.sign(self.y), 1))
 
     def feed(self, x, y=None):
         feed = {self.x: x, self.x_seqlen: (x != 0).sum(1)}

@@ -1,77 +1,282 @@
-"""data_load.py: ids, shift, padding, token budget, evaluation order."""
+"""data_load.py and idsfile.py: the binary ids, shift, padding, token budget, evaluation order, and the batches of
+the text-based pipeline this one replaced (kept here as the reference: same pairs, same order, same padding)."""
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from data_load import BOS_ID, EOS_ID, bucket_widths, encode, get_batch, load_data, load_vocab, plan_batches
+import prepro
+from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, generator_fn, get_batch, load_side, load_vocab,
+                       plan_batches, select_pairs, text_ids)
+from errors import UserError
+from idsfile import IdsWriter, ids_dtype, read_ids
+from utils import load_manifest
 
 tf1 = tf.compat.v1
 
-VOCAB = ["<pad>", "<unk>", "<s>", "</s>", "▁a", "▁b", "▁c", "d"]
+V1_DATA_DIR = Path(__file__).resolve().parent / "fixtures" / "v1_model" / "numbers"
+#: The prepro command that wrote V1_DATA_DIR (tests/fixtures/v1_model/README.md).
+V1_PREPRO = ["--dataset", "numbers", "--n_train", "300", "--n_eval", "8", "--n_test", "8", "--vocab_size", "120"]
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    """A vocabulary and line-aligned segmented files; line i has i % 7 + 1 pieces on the source side."""
-    (tmp_path / "bpe.vocab").write_text("".join("%s\t0\n" % p for p in VOCAB), encoding="utf-8")
-    rng = np.random.RandomState(0)
-    src = [" ".join(rng.choice(VOCAB[4:], i % 7 + 1)) for i in range(60)]
-    tgt = [" ".join(rng.choice(VOCAB[4:], (i * 3) % 5 + 1)) for i in range(60)]
-    src[5], tgt[9] = "", ""  # empty lines stay in evaluation data
-    (tmp_path / "x.bpe").write_text("".join(s + "\n" for s in src), encoding="utf-8")
-    (tmp_path / "y.bpe").write_text("".join(s + "\n" for s in tgt), encoding="utf-8")
-    return tmp_path, src, tgt
+# ------------------------------------------------------------------------------------------------
+# The text-based pipeline before the ids were memory-mapped: the reference the batches must equal
 
 
-def batches_of(dataset):
-    """All batches of a dataset as numpy values."""
+def reference_load_data(fpath1, fpath2, maxlen1=None, maxlen2=None, truncate=False):
+    """Line-aligned segmented files -> kept (or truncated) pairs of strings, and the count over the limits."""
+    lines1, lines2 = Path(fpath1).read_text("utf-8").splitlines(), Path(fpath2).read_text("utf-8").splitlines()
+    if maxlen1 is None and maxlen2 is None:
+        return lines1, lines2, 0
+    sents1, sents2, over = [], [], 0
+    for sent1, sent2 in zip(lines1, lines2):
+        pieces1, pieces2 = sent1.split(), sent2.split()
+        if len(pieces1) + 1 > maxlen1 or len(pieces2) + 1 > maxlen2:
+            over += 1
+            if not truncate:
+                continue
+            sent1, sent2 = " ".join(pieces1[:maxlen1 - 1]), " ".join(pieces2[:maxlen2 - 1])
+        sents1.append(sent1)
+        sents2.append(sent2)
+    return sents1, sents2, over
+
+
+def reference_plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.05):
+    """The plan of an epoch as it was made pair by pair in Python."""
+    n = len(lengths1)
+    if batch_type == "sentences":
+        order = rng.permutation(n) if rng is not None else np.arange(n)
+        return [(order[i:i + batch_size], None) for i in range(0, n, batch_size)]
+    longest = np.maximum(lengths1, lengths2)
+    widths = bucket_widths(longest.max(initial=1), growth)
+    bucket = widths[np.searchsorted(widths, longest)]
+    order = np.arange(n)
+    if rng is not None:
+        ties = rng.permutation(n)
+        order = ties[np.lexsort((lengths2[ties], lengths1[ties], bucket[ties]))]
+    batches, start, width = [], 0, 1
+    for end, idx in enumerate(order, 1):
+        width = max(width, bucket[idx])
+        while end - start >= batch_size // width:
+            batches.append((order[start:start + batch_size // width], int(width)))
+            start += batch_size // width
+            width = bucket[order[start:end]].max(initial=1)
+    if start < n:
+        batches.append((order[start:], int(width)))
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+def reference_pad(sequences, width=None):
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    array = np.zeros([len(sequences), width or lengths.max(initial=1)], np.int32)
+    for row, seq in zip(array, sequences):
+        row[:len(seq)] = seq
+    return array, lengths
+
+
+def reference_batches(data_dir, split, maxlen1, maxlen2, batch_size, batch_type, seed, epoch, truncate=False):
+    """Every batch of an epoch as the text-based pipeline made it: (x, x_seqlen, decoder_input, y, y_seqlen)."""
+    manifest = load_manifest(str(data_dir))
+    files = manifest["splits"][split]
+    sents1, sents2, _ = reference_load_data(Path(data_dir) / files["bpe1"], Path(data_dir) / files["bpe2"],
+                                            maxlen1, maxlen2, truncate)
+    token2idx, _ = load_vocab(str(Path(data_dir) / manifest["bpe_vocab"]))
+    xs_ids = [[token2idx.get(p, UNK_ID) for p in s.split()] + [EOS_ID] for s in sents1]
+    ys_ids = [[BOS_ID] + [token2idx.get(p, UNK_ID) for p in s.split()] + [EOS_ID] for s in sents2]
+    lengths1, lengths2 = np.array([len(x) for x in xs_ids]), np.array([len(y) - 1 for y in ys_ids])
+    rng = np.random.RandomState(seed + epoch) if seed is not None else None
+    batches = []
+    for batch, width in reference_plan_batches(lengths1, lengths2, batch_size, batch_type, rng):
+        x, x_seqlen = reference_pad([xs_ids[i] for i in batch], width)
+        decoder_input, y_seqlen = reference_pad([ys_ids[i][:-1] for i in batch], width)
+        y, _ = reference_pad([ys_ids[i][1:] for i in batch], width)
+        batches.append((x, x_seqlen, decoder_input, y, y_seqlen))
+    return batches
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def numbers_dir(tmp_path_factory):
+    """A small numbers data dir (format 2)."""
+    data_dir = tmp_path_factory.mktemp("data_load") / "numbers"
+    assert prepro.main(["--dataset", "numbers", "--n_train", "1500", "--n_eval", "40", "--n_test", "10",
+                        "--vocab_size", "200", "--data_dir", str(data_dir)]) == 0
+    return data_dir
+
+
+def epoch_batches(data_dir, split, maxlen1, maxlen2, batch_size, batch_type, seed, epoch=0, skip=0, truncate=False):
+    """The batches of get_batch as numpy tuples (x, x_seqlen, decoder_input, y, y_seqlen), through tf.data."""
     with tf.Graph().as_default():
-        iterator = tf1.data.make_one_shot_iterator(dataset())
-        batch = iterator.get_next()
+        dataset, _, _, _ = get_batch(str(data_dir), load_manifest(str(data_dir)), split, maxlen1, maxlen2,
+                                     batch_size, shuffle=seed is not None, batch_type=batch_type, seed=seed or 0,
+                                     truncate=truncate, epoch=epoch, skip=skip)
+        (x, x_seqlen), (decoder_input, y, y_seqlen) = tf1.data.make_one_shot_iterator(dataset).get_next()
         values = []
         with tf1.Session() as sess:
             while True:
                 try:
-                    values.append(sess.run(batch))
+                    values.append(sess.run((x, x_seqlen, decoder_input, y, y_seqlen)))
                 except tf.errors.OutOfRangeError:
                     return values
 
 
-def test_vocab_and_encoding(corpus):
-    path, _, _ = corpus
-    token2idx, idx2token = load_vocab(str(path / "bpe.vocab"))
-    assert [token2idx[p] for p in ("<pad>", "<unk>", "<s>", "</s>")] == [0, 1, 2, 3] and idx2token[4] == "▁a"
-    assert encode("▁a d ▁zz", "x", token2idx) == [4, 7, 1, EOS_ID]
-    assert encode("▁a d", "y", token2idx) == [BOS_ID, 4, 7, EOS_ID]
+def assert_same_batches(actual, expected):
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        for got_array, want_array in zip(got, want):
+            assert got_array.dtype == np.int32 and got_array.shape == want_array.shape
+            np.testing.assert_array_equal(got_array, want_array)
 
 
-def test_decoder_input_is_target_shifted_right_and_padding_is_zero(corpus):
-    path, src, tgt = corpus
-    token2idx, _ = load_vocab(str(path / "bpe.vocab"))
-    make = lambda: get_batch(str(path / "x.bpe"), str(path / "y.bpe"), None, None, str(path / "bpe.vocab"), 16)[0]
-    seen = 0
-    for (x, x_seqlen, sent1), (decoder_input, y, y_seqlen, sent2) in batches_of(make):
-        for row in range(len(x)):
-            pieces = tgt[seen].split()
-            ids = [token2idx[p] for p in pieces]
-            assert list(y[row, :y_seqlen[row]]) == ids + [EOS_ID]
-            assert list(decoder_input[row, :y_seqlen[row]]) == [BOS_ID] + ids
-            assert not y[row, y_seqlen[row]:].any() and not decoder_input[row, y_seqlen[row]:].any()
-            assert x_seqlen[row] == len(src[seen].split()) + 1 and not x[row, x_seqlen[row]:].any()
-            assert sent1[row].decode() == src[seen] and sent2[row].decode() == tgt[seen]
-            seen += 1
-    assert seen == len(src)  # every line, in order, empty ones included
+# ------------------------------------------------------------------------------------------------
+# The binary ids
 
 
-def test_token_batches_respect_the_budget_padding_included(corpus):
-    path, src, _ = corpus
-    make = lambda: get_batch(str(path / "x.bpe"), str(path / "y.bpe"), 100, 100, str(path / "bpe.vocab"), 24,
-                             shuffle=True, batch_type="tokens", seed=3)[0]
-    sizes = []
-    for (x, _, _), (decoder_input, y, _, _) in batches_of(make):
-        assert len(x) * max(x.shape[1], y.shape[1]) <= 24
-        sizes.append(len(x))
-    assert sum(sizes) == len(src) and max(sizes) > 1
+@pytest.mark.parametrize("vocab_size", [300, 70000])
+def test_ids_round_trip_byte_exact_with_empty_lines(tmp_path, vocab_size):
+    rng = np.random.RandomState(vocab_size)
+    lines = [rng.randint(0, vocab_size, rng.randint(0, 9)).tolist() for _ in range(50)] + [[], [vocab_size - 1]]
+    lines[0], lines[7] = [], []
+    writer = IdsWriter(tmp_path / "a.ids", tmp_path / "a.offsets", ids_dtype(vocab_size))
+    writer.write(lines[:20])  # in two chunks, as prepro writes them
+    writer.write(lines[20:])
+    writer.close()
+    dtype = np.dtype("<u2") if vocab_size < 65536 else np.dtype("<i4")
+    flat = [i for line in lines for i in line]
+    assert (tmp_path / "a.ids").read_bytes() == np.array(flat, dtype).tobytes()
+    assert (tmp_path / "a.offsets").read_bytes() == np.cumsum([0] + [len(l) for l in lines]).astype("<i8").tobytes()
+    ids, offsets = read_ids(tmp_path / "a.ids", tmp_path / "a.offsets", ids_dtype(vocab_size))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lines))] == lines
+
+
+def test_a_side_without_ids_and_a_damaged_ids_file(tmp_path):
+    writer = IdsWriter(tmp_path / "e.ids", tmp_path / "e.offsets", ids_dtype(10))
+    writer.write([[], []])
+    writer.close()
+    ids, offsets = read_ids(tmp_path / "e.ids", tmp_path / "e.offsets", ids_dtype(10))
+    assert len(ids) == 0 and offsets.tolist() == [0, 0, 0]
+    (tmp_path / "e.ids").write_bytes(b"\0\0")
+    with pytest.raises(UserError, match="the data dir is damaged; rebuild it with `python prepro.py --force`"):
+        read_ids(tmp_path / "e.ids", tmp_path / "e.offsets", ids_dtype(10))
+
+
+def test_the_ids_files_hold_the_bpe_text_through_the_vocabulary(numbers_dir):
+    manifest = load_manifest(str(numbers_dir))
+    assert manifest["format"] == 2 and manifest["ids_dtype"] == "uint16"
+    token2idx, _ = load_vocab(str(numbers_dir / "bpe.vocab"))
+    for split in ("train", "eval", "test"):
+        for side in (1, 2):
+            ids, offsets = load_side(str(numbers_dir), manifest, split, side)
+            from_text = text_ids(str(numbers_dir / manifest["splits"][split]["bpe%d" % side]), token2idx)
+            np.testing.assert_array_equal(ids, from_text[0])
+            np.testing.assert_array_equal(offsets, from_text[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# The same batches as the text-based pipeline
+
+
+@pytest.mark.parametrize("batch_type, batch_size, maxlen, truncate", [
+    ("tokens", 300, 20, False), ("tokens", 256, 12, True), ("sentences", 32, 20, False)])
+def test_training_batches_equal_the_text_pipeline_for_a_seed(numbers_dir, batch_type, batch_size, maxlen, truncate):
+    for seed, epoch in ((1, 0), (1, 3), (42, 1)):
+        expected = reference_batches(numbers_dir, "train", maxlen, maxlen, batch_size, batch_type, seed, epoch,
+                                     truncate)
+        assert_same_batches(epoch_batches(numbers_dir, "train", maxlen, maxlen, batch_size, batch_type, seed, epoch,
+                                          truncate=truncate), expected)
+
+
+def test_evaluation_batches_equal_the_text_pipeline_in_order(numbers_dir):
+    expected = reference_batches(numbers_dir, "eval", None, None, 16, "sentences", None, 0)
+    assert_same_batches(epoch_batches(numbers_dir, "eval", None, None, 16, "sentences", None), expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_plan_equals_the_pair_by_pair_plan(seed):
+    rng = np.random.RandomState(seed)
+    n = rng.randint(1, 3000)
+    lengths1 = rng.randint(1, rng.randint(2, 120), n)
+    lengths2 = np.maximum(1, lengths1 + rng.randint(-5, 6, n))
+    batch_size = int(rng.choice([150, 500, 1000, 4096]))
+    growth = float(rng.choice([0.05, 0.1, 0.3]))
+    for batch_type in ("tokens", "sentences"):
+        got = plan_batches(lengths1, lengths2, batch_size, batch_type, np.random.RandomState(seed), growth)
+        want = reference_plan_batches(lengths1, lengths2, batch_size, batch_type, np.random.RandomState(seed), growth)
+        assert [(b.tolist(), w) for b, w in got] == [(b.tolist(), w) for b, w in want]
+
+
+def test_resuming_mid_epoch_replays_the_same_batches(numbers_dir):
+    whole = epoch_batches(numbers_dir, "train", 20, 20, 300, "tokens", seed=5, epoch=2)
+    assert_same_batches(epoch_batches(numbers_dir, "train", 20, 20, 300, "tokens", seed=5, epoch=2, skip=7), whole[7:])
+
+
+# ------------------------------------------------------------------------------------------------
+# Data dirs of manifest format 1 (text only)
+
+
+def test_a_format_1_data_dir_gives_the_batches_of_its_format_2_rebuild(tmp_path):
+    rebuilt = tmp_path / "numbers"
+    assert prepro.main(V1_PREPRO + ["--data_dir", str(rebuilt)]) == 0
+    assert load_manifest(str(V1_DATA_DIR))["format"] == 1
+    for name in ("train.1.bpe", "train.2.bpe", "eval.1.bpe", "bpe.vocab"):
+        assert (V1_DATA_DIR / name).read_bytes() == (rebuilt / name).read_bytes()
+    assert_same_batches(epoch_batches(V1_DATA_DIR, "train", 30, 30, 200, "tokens", seed=3),
+                        epoch_batches(rebuilt, "train", 30, 30, 200, "tokens", seed=3))
+
+
+def test_prepro_over_a_format_1_data_dir_says_to_rerun_it_with_force(tmp_path, capsys):
+    old = tmp_path / "numbers"
+    shutil.copytree(V1_DATA_DIR, old)
+    assert prepro.main(V1_PREPRO + ["--data_dir", str(old)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "was written by an older prepro.py (manifest format 1, now 2): re-run prepro.py with --force" in error
+    assert prepro.main(V1_PREPRO + ["--data_dir", str(old), "--force"]) == 0
+    assert load_manifest(str(old))["format"] == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Plans, padding and the token budget
+
+
+def small_pairs(src, tgt):
+    """Pairs of two lists of id lists (see data_load.Pairs)."""
+    def side(lines):
+        return (np.array([i for line in lines for i in line], np.int32),
+                np.cumsum([0] + [len(line) for line in lines]).astype(np.int64))
+    return select_pairs(side(src), side(tgt))[0]
+
+
+def test_decoder_input_is_target_shifted_right_and_padding_is_zero():
+    src = [[4, 5], [], [6, 7, 8]]
+    tgt = [[9], [10, 11], []]
+    generate, num_batches = generator_fn(small_pairs(src, tgt), batch_size=2)
+    batches = list(generate(0))
+    assert num_batches() == len(batches) == 2
+    (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[0]
+    assert x.tolist() == [[4, 5, EOS_ID], [EOS_ID, 0, 0]] and x_seqlen.tolist() == [3, 1]
+    assert decoder_input.tolist() == [[BOS_ID, 9, 0], [BOS_ID, 10, 11]]
+    assert y.tolist() == [[9, EOS_ID, 0], [10, 11, EOS_ID]] and y_seqlen.tolist() == [2, 3]
+    (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[1]
+    assert x.tolist() == [[6, 7, 8, EOS_ID]] and decoder_input.tolist() == [[BOS_ID]] and y.tolist() == [[EOS_ID]]
+
+
+def test_training_skips_or_truncates_long_pairs():
+    src = [[4] * n for n in (1, 3, 5, 2)]
+    tgt = [[5] * n for n in (4, 1, 1, 2)]
+    side = lambda lines: (np.array([i for l in lines for i in l], np.int32),
+                          np.cumsum([0] + [len(l) for l in lines]).astype(np.int64))
+    kept, over = select_pairs(side(src), side(tgt), 4, 4)
+    assert over == 2 and kept.lengths1.tolist() == [4, 3] and kept.lengths2.tolist() == [2, 3]  # with </s>
+    cut, over_truncated = select_pairs(side(src), side(tgt), 4, 4, truncate=True)
+    assert over_truncated == 2 and cut.lengths1.tolist() == [2, 4, 4, 3] and cut.lengths2.tolist() == [4, 2, 2, 3]
 
 
 def test_token_batches_have_little_padding():
@@ -85,10 +290,11 @@ def test_token_batches_have_little_padding():
     assert 1 - real / padded < 0.10
 
 
-def test_token_batches_in_order_keep_the_budget():
+def test_token_batches_without_shuffle_are_grouped_by_bucket_and_keep_the_budget():
     lengths = np.array([9, 3, 3, 3, 2])
     batches = plan_batches(lengths, lengths, 20, "tokens")
-    assert [(list(b), width) for b, width in batches] == [([0, 1], 9), ([2, 3, 4], 3)]
+    # sorted by bucket: 4 (2), 1, 2, 3 (3), 0 (9); the pair of width 9 closes batches of 20 // 9 = 2 pairs
+    assert [(list(b), width) for b, width in batches] == [([4, 1], 9), ([2, 3], 9), ([0], 9)]
 
 
 def test_bucket_widths_by_hand():
@@ -112,16 +318,6 @@ def test_token_batches_come_in_few_shapes_within_budget():
     assert sorted(np.concatenate([b for b, _ in batches])) == list(range(3000))
 
 
-def test_training_skips_or_truncates_long_pairs(corpus):
-    path, src, tgt = corpus
-    kept1, kept2, over = load_data(str(path / "x.bpe"), str(path / "y.bpe"), 4, 4)
-    expected = [(s, t) for s, t in zip(src, tgt) if len(s.split()) < 4 and len(t.split()) < 4]
-    assert list(zip(kept1, kept2)) == expected and over == len(src) - len(expected)
-    cut1, cut2, over_truncated = load_data(str(path / "x.bpe"), str(path / "y.bpe"), 4, 4, truncate=True)
-    assert len(cut1) == len(src) and over_truncated == over
-    assert max(len(s.split()) for s in cut1 + cut2) == 3
-
-
 def test_shuffle_depends_on_seed_and_epoch_only():
     lengths = np.arange(1, 41)
     plan = lambda seed: [list(b) for b, _ in plan_batches(lengths, lengths, 5, "sentences",
@@ -129,3 +325,13 @@ def test_shuffle_depends_on_seed_and_epoch_only():
     assert plan(7) == plan(7) and plan(7) != plan(8)
     assert [list(b) for b, _ in plan_batches(lengths, lengths, 5, "sentences")] == \
         [list(range(i, i + 5)) for i in range(0, 40, 5)]
+
+
+def test_vocab_and_text_ids(tmp_path):
+    vocab = ["<pad>", "<unk>", "<s>", "</s>", "▁a", "▁b", "▁c", "d"]
+    (tmp_path / "bpe.vocab").write_text("".join("%s\t0\n" % p for p in vocab), encoding="utf-8")
+    (tmp_path / "x.bpe").write_text("▁a d ▁zz\n\n▁c\n", encoding="utf-8")
+    token2idx, idx2token = load_vocab(str(tmp_path / "bpe.vocab"))
+    assert [token2idx[p] for p in ("<pad>", "<unk>", "<s>", "</s>")] == [0, 1, 2, 3] and idx2token[4] == "▁a"
+    ids, offsets = text_ids(str(tmp_path / "x.bpe"), token2idx)
+    assert ids.tolist() == [4, 7, UNK_ID, 6] and offsets.tolist() == [0, 3, 3, 4]

@@ -73,7 +73,7 @@ def loss_and_gradients(hp, x, y, reference=False):
         model, ph = build(hp)
         if reference:
             memory, src_masks = model.encode(ph.xs)
-            logits, _, labels, _, _ = model.decode(ph.ys, memory, src_masks)
+            logits, _, labels, _ = model.decode(ph.ys, memory, src_masks)
             nonpadding = tf.cast(tf.not_equal(labels, 0), tf.float32)
             loss_sum = tf.reduce_sum(
                 nonpadding * one_hot_smoothed_cross_entropy(logits, labels, hp.vocab_size, hp.smoothing))

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
+import datadir
 import prepro
-from corpora import SPLITS
+from data_load import load_side
+from corpora import SPLITS, LinesOf
 from corpora.download import MULTI30K_FILES
 from corpora.numbers import date_pair, english_cardinal, english_year, german_cardinal, numbers_corpus
 from textio import atomic_write, clean_line, decode_lines, sha256_file
@@ -163,7 +165,7 @@ def test_numbers_data_dir_is_byte_identical_for_a_seed(numbers_dir, tmp_path):
     assert run_prepro("--data_dir", other_seed, "--seed", "2", *SMALL_NUMBERS) == 0
     names = sorted(path.name for path in numbers_dir.iterdir())
     assert names == sorted(path.name for path in again.iterdir())
-    assert len(names) == 15
+    assert len(names) == 27  # manifest, bpe.model, bpe.vocab; per split and side: text, .bpe, .ids, .offsets
     for name in names:
         assert (numbers_dir / name).read_bytes() == (again / name).read_bytes(), name
     assert (numbers_dir / "train.1").read_bytes() != (other_seed / "train.1").read_bytes()
@@ -178,7 +180,8 @@ def test_numbers_splits_on_disk_are_disjoint(numbers_dir):
 
 def test_manifest_layout(numbers_dir):
     manifest = read_manifest(numbers_dir)
-    assert manifest["format"] == 1 and manifest["dataset"] == "numbers"
+    assert manifest["format"] == 2 and manifest["dataset"] == "numbers" and manifest["ids_dtype"] == "uint16"
+    assert manifest["bpe_training"] == {"sentences": 6000, "sample": None}
     assert (manifest["src_lang"], manifest["tgt_lang"]) == ("de", "en")
     assert manifest["vocab_size"] == 300
     assert (manifest["bpe_model"], manifest["bpe_vocab"]) == ("bpe.model", "bpe.vocab")
@@ -188,6 +191,8 @@ def test_manifest_layout(numbers_dir):
         assert info["lines"] == count and info["dropped_empty"] == 0
         for key in ("raw1", "raw2", "bpe1", "bpe2"):
             assert len(raw_lines(numbers_dir / info[key])) == count
+        for side in (1, 2):
+            assert (numbers_dir / info[f"offsets{side}"]).stat().st_size == 8 * (count + 1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,17 +209,20 @@ def test_special_ids_are_fixed(numbers_dir):
 
 
 def assert_round_trip(data_dir, splits=SPLITS):
-    """decode(encode(s)) == s for every line, and the .bpe files hold encode(s)."""
+    """decode(encode(s)) == s for every line, and the .bpe and .ids files hold encode(s)."""
     processor = spm.SentencePieceProcessor(model_file=str(data_dir / "bpe.model"))
+    manifest = read_manifest(data_dir)
     checked = 0
     for split in splits:
         for side in (1, 2):
             lines = raw_lines(data_dir / f"{split}.{side}")
             pieces = raw_lines(data_dir / f"{split}.{side}.bpe")
-            assert len(lines) == len(pieces)
-            for line, bpe_line in zip(lines, pieces):
+            ids, offsets = load_side(str(data_dir), manifest, split, side)
+            assert len(lines) == len(pieces) == len(offsets) - 1
+            for i, (line, bpe_line) in enumerate(zip(lines, pieces)):
                 assert processor.decode(processor.encode(line)) == line
                 assert bpe_line == " ".join(processor.encode(line, out_type=str))
+                assert ids[offsets[i]:offsets[i + 1]].tolist() == processor.encode(line)
                 checked += 1
     assert checked > 0
 
@@ -530,3 +538,49 @@ def test_multi30k_download_matches_known_sha256(http_root, tmp_path):
     manifest = read_manifest(data_dir)
     assert [manifest["splits"][split]["lines"] for split in SPLITS] == [29000, 1014, 1000]
     assert manifest["inputs"]["eval2"]["source"] == f"{base_url}/val.en.gz"
+
+
+# ------------------------------------------------------------------------------------------------
+# Streaming: chunks of lines and a BPE sample
+
+
+def toy_splits(folder):
+    """The toy corpus as the splits build_data_dir streams, and its sources."""
+    paths = toy_corpus(folder)
+    sources = {flag: str(path) for flag, path in paths.items()}
+    return {split: (LinesOf(paths[f"{split}1"]), LinesOf(paths[f"{split}2"])) for split in SPLITS}, sources
+
+
+TOY_OPTIONS = {"dataset": "files", "vocab_size": 80, "dedup": True, "filter_ratio": True, "max_ratio": 9.0,
+               "src_lang": "de", "tgt_lang": "en"}
+
+
+def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
+    splits, sources = toy_splits(tmp_path / "in")
+    whole = datadir.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
+    chunked = datadir.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
+    assert whole == chunked and whole["splits"]["train"]["lines"] == 300  # 300 > 7: 43 chunks
+    names = sorted(path.name for path in (tmp_path / "whole").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "chunked").iterdir())
+    for name in names:
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "chunked" / name).read_bytes(), name
+
+
+def test_bpe_is_trained_on_a_seeded_sample_of_a_large_corpus(tmp_path):
+    splits, sources = toy_splits(tmp_path / "in")
+    builds = [datadir.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
+              for name in ("a", "b")]
+    # 301 pairs without an empty side or a repeat (the length-ratio outlier leaves train after BPE)
+    assert builds[0]["bpe_training"] == {"sentences": 602, "sample": 400}
+    spec = spm_model_spec(tmp_path / "a" / "bpe.model")
+    assert (spec.input_sentence_size, spec.shuffle_input_sentence) == (400, True)
+    assert (tmp_path / "a" / "bpe.model").read_bytes() == (tmp_path / "b" / "bpe.model").read_bytes()
+    assert_round_trip(tmp_path / "a")
+
+
+def spm_model_spec(path):
+    """The trainer spec recorded in a sentencepiece model file."""
+    from sentencepiece import sentencepiece_model_pb2
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(Path(path).read_bytes())
+    return model.trainer_spec
