@@ -14,7 +14,8 @@ process that maps them). tf.data runs the generator ahead of the training step (
                widest bucket among them, and both sides are padded to W: no batch exceeds the token budget,
                padding included, and training sees one batch shape per width, since oneDNN builds and keeps
                kernels for every shape, which costs memory and time.
-Training batches are shuffled; evaluation batches (sentences mode) keep every line, in order.
+Training batches are shuffled; evaluation batches (sentences mode) hold every line, sorted by source length
+(length_order), and the hypotheses are put back in line order.
 """
 import dataclasses
 import functools
@@ -107,11 +108,25 @@ def bucket_widths(longest, growth):
     return np.array(widths)
 
 
+def length_order(lengths):
+    """Indices that sort (n,) lengths, ties in line order. Evaluation batches take the lines in this order, so
+    that a decoding loop, which runs until its longest sentence ends, decodes sentences of similar length; the
+    hypotheses are put back in line order with it (utils.get_hypotheses)."""
+    return np.argsort(lengths, kind="stable")
+
+
+def eval_order(data_dir, manifest, split):
+    """(n,) the line index of each row of a split's evaluation batches (sentences mode), in the order they come."""
+    _, offsets = load_side(data_dir, manifest, split, 1)
+    return length_order(np.diff(offsets) + 1)
+
+
 def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.05):
     """Groups example indices into batches.
 
     lengths1, lengths2: (n,) sequence lengths of x and y. rng: a numpy RandomState to shuffle with (training),
-    or None to keep the order (evaluation; in tokens mode the pairs are still grouped by bucket).
+    or None for evaluation: in sentences mode the lines sorted by source length (length_order), in tokens mode
+    grouped by bucket.
     growth: see bucket_widths (tokens mode).
     In tokens mode pairs sorted by bucket (then source and target length, ties in random order) are cut into
     batches of batch_size // W pairs padded to W: a batch closes once it holds batch_size // W pairs, W the
@@ -122,7 +137,7 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     """
     n = len(lengths1)
     if batch_type == "sentences":
-        order = rng.permutation(n) if rng is not None else np.arange(n)
+        order = rng.permutation(n) if rng is not None else length_order(lengths1)
         return [(order[i:i + batch_size], None) for i in range(0, n, batch_size)]
     longest = np.maximum(lengths1, lengths2)
     if longest.max(initial=0) > batch_size:
@@ -235,7 +250,7 @@ def input_fn(pairs, batch_size, shuffle=False, batch_type="sentences", seed=0, e
 def get_batch(data_dir, manifest, split, maxlen1, maxlen2, batch_size, shuffle=False, batch_type="sentences",
               seed=0, truncate=False, epoch=0, skip=0, growth=0.05):
     """Dataset over one split of a data dir (manifest: its manifest.json as a dict). Training passes shuffle=True
-    and length limits; evaluation passes maxlen1 = maxlen2 = None so that every line is kept, in order.
+    and length limits; evaluation passes maxlen1 = maxlen2 = None so that every line is kept (in length_order).
 
     Returns batches (tf.data.Dataset), num_batches(epoch), num_samples, and the count of pairs skipped
     (or truncated) for length. epoch and skip: see input_fn. growth: see bucket_widths (tokens mode).

@@ -15,7 +15,7 @@ import time
 import sentencepiece as spm
 import tensorflow as tf
 
-from data_load import get_batch
+from data_load import eval_order, get_batch
 from model import Transformer
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
@@ -53,7 +53,8 @@ def main(argv=None):
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()
         try:
-            hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[1], num_batches(), sp, "test", scores)
+            hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs[1], num_batches(),
+                                        eval_order(hp.data_dir, manifest, "test"), sp, "test", scores)
         except FloatingPointError as error:
             raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with --ckpt"
                             % (error, ckpt)) from None

@@ -29,7 +29,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 import distributed
-from data_load import get_batch
+from data_load import eval_order, get_batch
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, parse_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
@@ -174,6 +174,7 @@ class TrainGraph:
     target_tokens: tf.Tensor  # non-pad target tokens of the batch
     train_num_batches: collections.abc.Callable  # epoch -> batches in it
     eval_num_batches: int
+    eval_order: np.ndarray  # the dev line of each row the eval batches give, in turn
     num_train: int  # training pairs within --maxlen1/--maxlen2 (or truncated)
     num_over: int  # training pairs over them
     num_eval: int
@@ -220,7 +221,8 @@ def build_graph(hp, manifest, cluster):
     return TrainGraph(
         step=step, epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
         eval_init=iterator.make_initializer(eval_batches), xs=xs, target_tokens=tf.reduce_sum(ys[2]),
-        train_num_batches=train_num_batches, eval_num_batches=eval_num_batches(), num_train=num_train,
+        train_num_batches=train_num_batches, eval_num_batches=eval_num_batches(),
+        eval_order=eval_order(hp.data_dir, manifest, "eval"), num_train=num_train,
         num_over=num_over, num_eval=num_eval, eval_ids=eval_ids, eval_scores=eval_scores,
         eval_summaries=eval_summaries, training_state=training_state, new_state=new_state,
         save_state=tf1.assign(training_state, new_state), schedule_total=schedule_total,
@@ -261,7 +263,7 @@ def check_splits(g, hp):
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
     when a translation's score is not finite (as train_epoch does for non-finite weights)."""
-    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs[1], g.eval_num_batches, sp,
+    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs[1], g.eval_num_batches, g.eval_order, sp,
                                 desc="dev", scores_op=g.eval_scores)
     atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)

@@ -401,13 +401,13 @@ def postprocess(ids, sp):
     return texts
 
 
-def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, sp, desc="translating", scores_op=None):
-    """Translates a whole dataset, batch by batch, in order.
+def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, desc="translating", scores_op=None):
+    """Translates a whole dataset, batch by batch.
 
     init_op initializes the iterator; ids_op gives (N, T) ids, x_seqlen_op the (N,) source lengths counting </s>,
-    scores_op (if given) the (N,) scores of the translations. An empty source line (x_seqlen 1: </s> only) gets an
-    empty hypothesis.
-    Returns a list of strings, one per source line. Raises FloatingPointError when a score is not finite: the
+    scores_op (if given) the (N,) scores of the translations. order: (n,) the line index of each row the batches
+    give, in turn (data_load.eval_order). An empty source line (x_seqlen 1: </s> only) gets an empty hypothesis.
+    Returns a list of strings, one per source line, in line order. Raises FloatingPointError when a score is not finite: the
     model's log-probabilities overflowed, although its weights may be finite.
     """
     sess.run(init_op)
@@ -423,7 +423,10 @@ def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, sp, desc="tr
         hypotheses.extend("" if length == 1 else text for length, text in zip(x_seqlen, texts))
         progress.update()
     progress.close()
-    return hypotheses
+    in_line_order = [""] * len(order)
+    for line, hypothesis in zip(order, hypotheses):
+        in_line_order[line] = hypothesis
+    return in_line_order
 
 
 #: Seconds between two progress lines of a long loop whose standard error is not a terminal (see Progress).

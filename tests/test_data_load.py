@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import prepro
-from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, generator_fn, get_batch, load_side, load_vocab,
-                       plan_batches, select_pairs, text_ids)
+from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, eval_order, generator_fn, get_batch, load_side,
+                       load_vocab, plan_batches, select_pairs, text_ids)
 from errors import UserError
 from idsfile import IdsWriter, ids_dtype, read_ids
 from utils import load_manifest
@@ -193,9 +193,20 @@ def test_training_batches_equal_the_text_pipeline_for_a_seed(numbers_dir, batch_
                                           truncate=truncate), expected)
 
 
-def test_evaluation_batches_equal_the_text_pipeline_in_order(numbers_dir):
-    expected = reference_batches(numbers_dir, "eval", None, None, 16, "sentences", None, 0)
-    assert_same_batches(epoch_batches(numbers_dir, "eval", None, None, 16, "sentences", None), expected)
+def rows(batches):
+    """The unpadded rows (x, decoder_input, y) of batches (x, x_seqlen, decoder_input, y, y_seqlen), in turn."""
+    return [(tuple(x[i, :x_seqlen[i]]), tuple(decoder_input[i, :y_seqlen[i]]), tuple(y[i, :y_seqlen[i]]))
+            for x, x_seqlen, decoder_input, y, y_seqlen in batches for i in range(len(x))]
+
+
+def test_evaluation_batches_hold_every_line_sorted_by_source_length(numbers_dir):
+    in_line_order = rows(reference_batches(numbers_dir, "eval", None, None, 16, "sentences", None, 0))
+    order = eval_order(str(numbers_dir), load_manifest(str(numbers_dir)), "eval")
+    assert sorted(order) == list(range(len(in_line_order))) and list(order) != sorted(order)
+    batches = epoch_batches(numbers_dir, "eval", None, None, 16, "sentences", None)
+    assert rows(batches) == [in_line_order[line] for line in order]
+    x_seqlen = np.concatenate([batch[1] for batch in batches])
+    assert (np.diff(x_seqlen) >= 0).all()  # each batch decodes sentences of similar length
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -260,10 +271,10 @@ def test_decoder_input_is_target_shifted_right_and_padding_is_zero():
     generate, num_batches = generator_fn(small_pairs(src, tgt), batch_size=2)
     batches = list(generate(0))
     assert num_batches() == len(batches) == 2
-    (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[0]
-    assert x.tolist() == [[4, 5, EOS_ID], [EOS_ID, 0, 0]] and x_seqlen.tolist() == [3, 1]
-    assert decoder_input.tolist() == [[BOS_ID, 9, 0], [BOS_ID, 10, 11]]
-    assert y.tolist() == [[9, EOS_ID, 0], [10, 11, EOS_ID]] and y_seqlen.tolist() == [2, 3]
+    (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[0]  # lines 1 and 0: sorted by source length
+    assert x.tolist() == [[EOS_ID, 0, 0], [4, 5, EOS_ID]] and x_seqlen.tolist() == [1, 3]
+    assert decoder_input.tolist() == [[BOS_ID, 10, 11], [BOS_ID, 9, 0]]
+    assert y.tolist() == [[10, 11, EOS_ID], [9, EOS_ID, 0]] and y_seqlen.tolist() == [3, 2]
     (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[1]
     assert x.tolist() == [[6, 7, 8, EOS_ID]] and decoder_input.tolist() == [[BOS_ID]] and y.tolist() == [[EOS_ID]]
 
