@@ -19,7 +19,8 @@ from data_load import eval_order, get_batch
 from model import Transformer
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from utils import (atomic_write, calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision,
+from textio import atomic_write
+from utils import (calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision,
                    restore, session_config, split_paths, trained_model_files)
 
 tf1 = tf.compat.v1

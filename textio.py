@@ -14,7 +14,7 @@ import uuid
 import zlib
 from pathlib import Path
 
-from errors import UserError
+from errors import DiskFull, UserError, is_disk_full
 
 #: The ids every sentencepiece model of the toolkit is trained with (prepro.py) and every graph relies on.
 PAD_ID = 0
@@ -30,7 +30,8 @@ SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_I
 def atomic_write(path, data):
     """Write ``data`` (bytes, or str as UTF-8) to a temporary file beside ``path``, fsync it and rename it into
     place, so that a reader (or a kill -9) sees the old file or the new one, never a torn one. On any error the
-    temporary file is removed and the old file (if any) is untouched."""
+    temporary file is removed and the old file (if any) is untouched; a full disk is raised as a DiskFull naming
+    ``path``."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -42,8 +43,10 @@ def atomic_write(path, data):
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_path, path)
-    except BaseException:
+    except BaseException as error:
         temp_path.unlink(missing_ok=True)
+        if isinstance(error, OSError) and is_disk_full(error):
+            raise DiskFull(str(path), str(path)) from None
         raise
 
 

@@ -33,7 +33,8 @@ from data_load import eval_order, get_batch
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, parse_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
-from utils import (Progress, atomic_write, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint,
+from textio import atomic_write
+from utils import (Progress, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint,
                    get_hypotheses, is_averaged, load_manifest, load_trained_hparams, logdir_lock, read_lines,
                    remove_stale_pins, resolve_precision, restore, save_hparams, save_variable_specs, session_config,
                    split_paths, vocab_sha256)

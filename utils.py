@@ -27,19 +27,10 @@ import textio
 from errors import DiskFull, UserError, is_disk_full
 from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error
 from model import SCHEDULE_TOTAL_STEPS
-from textio import EOS_ID, PAD_ID, read_lines  # noqa: F401  (read_lines: for the tools that import it from here)
+# read_lines: for the tools that import it from here
+from textio import EOS_ID, PAD_ID, atomic_write, read_lines  # noqa: F401
 
 tf1 = tf.compat.v1
-
-
-def atomic_write(path, text):
-    """textio.atomic_write, with a full disk reported as a DiskFull naming path (the old file is untouched)."""
-    try:
-        textio.atomic_write(path, text)
-    except OSError as error:
-        if is_disk_full(error):
-            raise DiskFull(path, path) from None
-        raise
 
 
 #: The lock file of a logdir, held by the train.py that trains it (or avg_checkpoints.py while it writes the
@@ -401,14 +392,15 @@ def postprocess(ids, sp):
     return texts
 
 
-def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, desc="translating", scores_op=None):
+def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, desc="translating",
+                   scores_op=None):
     """Translates a whole dataset, batch by batch.
 
     init_op initializes the iterator; ids_op gives (N, T) ids, x_seqlen_op the (N,) source lengths counting </s>,
     scores_op (if given) the (N,) scores of the translations. order: (n,) the line index of each row the batches
     give, in turn (data_load.eval_order). An empty source line (x_seqlen 1: </s> only) gets an empty hypothesis.
-    Returns a list of strings, one per source line, in line order. Raises FloatingPointError when a score is not finite: the
-    model's log-probabilities overflowed, although its weights may be finite.
+    Returns a list of strings, one per source line, in line order. Raises FloatingPointError when a score is not
+    finite: the model's log-probabilities overflowed, although its weights may be finite.
     """
     sess.run(init_op)
     hypotheses = []

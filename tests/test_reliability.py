@@ -35,7 +35,8 @@ import test as test_cli
 import train
 import translate
 import utils
-from utils import atomic_write, calc_bleu, read_lines, session_config
+from textio import atomic_write
+from utils import calc_bleu, read_lines, session_config
 
 tf1 = tf.compat.v1
 
