@@ -660,10 +660,13 @@ def test_train_refuses_a_training_set_that_the_length_limits_empty(tmp_path):
 
 
 def emptied_split(data_dir, target, split):
-    """A copy of data_dir whose split `split` has no lines (as prepro wrote before it refused empty splits)."""
+    """A copy of data_dir as the prepro of manifest format 1 (text files only) wrote it before it refused empty
+    splits: split `split` has no lines."""
     shutil.copytree(data_dir, target)
     for name in ("%s.1" % split, "%s.2" % split, "%s.1.bpe" % split, "%s.2.bpe" % split):
         (target / name).write_bytes(b"")
+    manifest = json.loads((target / "manifest.json").read_text())
+    (target / "manifest.json").write_text(json.dumps(dict(manifest, format=1)))
     return target
 
 
