@@ -144,15 +144,18 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
         raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise --batch_size "
                          "or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
     widths = bucket_widths(longest.max(initial=1), growth)
-    bucket = np.searchsorted(widths, longest).astype(np.int16)  # (n,) each pair's bucket, an index into widths
+    # (n,) each pair's bucket, an index into widths, looked up in a table over the lengths (no (n,) int64 temporary)
+    bucket = np.searchsorted(widths, np.arange(widths[-1] + 1)).astype(np.int16)[longest]
+    del longest
     ties = rng.permutation(n) if rng is not None else np.arange(n)
     ties = ties.astype(np.int32) if n < 2 ** 31 else ties
-    # one int64 key (bucket, then source length, then target length) in a stable sort: the order of a lexsort
-    # over the three, in a fraction of its time and memory
-    key = bucket[ties].astype(np.int64)
-    key *= int(lengths1.max(initial=0)) + 1
+    # one key (bucket, then source length, then target length) in a stable sort: the order of a lexsort over the
+    # three, in a fraction of its time and memory; int32 whenever the key fits in it
+    max1, max2 = int(lengths1.max(initial=0)) + 1, int(lengths2.max(initial=0)) + 1
+    key = bucket[ties].astype(np.int32 if len(widths) * max1 * max2 < 2 ** 31 else np.int64)
+    key *= max1
     key += lengths1[ties]
-    key *= int(lengths2.max(initial=0)) + 1
+    key *= max2
     key += lengths2[ties]
     order = ties[np.argsort(key, kind="stable")]
     del key, ties
