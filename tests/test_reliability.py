@@ -301,14 +301,14 @@ def kill_while_a_checkpoint_is_written(training, logdir, timeout=30):
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, tmp_path):
-    """Epochs of two steps, so that a checkpoint is written several times a second. Two kills land while one is
+    """Epochs of two steps, so that a checkpoint is written several times a second. One kill lands while one is
     being written, one at a random moment."""
     logdir = tmp_path / "run"
     args = ["--data_dir", data_dir, "--logdir", logdir, *TINY_MODEL, "--batch_type", "sentences",
             "--batch_size", str(TRAIN_PAIRS // 2), "--eval_every", "100000", "--num_epochs", "100000",
             "--keep_checkpoints", "2"]
     rng = random.Random(SIGKILL_SEED)  # the same moments every run, so that a failure can be reproduced
-    moments = ["while writing", rng.uniform(0, 1), "while writing"]
+    moments = ["while writing", rng.uniform(0, 1)]
     for moment in moments:
         with Training(*args) as training:
             training.wait_for_stdout(r"^epoch \d+ \| step")  # a checkpoint exists
@@ -537,10 +537,8 @@ def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, 
         assert first.process.poll() is None, "the first train.py ended"
         first.process.kill()
         assert first.finish()[0] == -signal.SIGKILL
-    step = checkpoint_step(tf.train.latest_checkpoint(str(logdir)))
-    code, out, err = run("train.py", "--logdir", logdir, "--max_steps", step + 2)
-    assert code == 0, err
-    assert "done: step %d" % (step + 2) in out
+    with utils.logdir_lock(str(logdir)):  # free again: the kernel released the killed process's lock
+        pass
     assert not [name for name in os.listdir(logdir) if name.startswith(".reading-")]
 
 
