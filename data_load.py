@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from idsfile import read_ids, release_pages
-from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401  (PAD_ID: for the tools that import it from here)
+# PAD_ID: for the tools that import it from here
+from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401
 
 
 def load_vocab(vocab_fpath):

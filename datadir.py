@@ -5,6 +5,7 @@ files are renamed into place only once all are complete, manifest.json last.
 """
 import array
 import contextlib
+import dataclasses
 import hashlib
 import io
 import itertools
@@ -315,13 +316,16 @@ def build_manifest(options, processor, inputs, downloads, split_reports, bpe_tra
     }
 
 
+@dataclasses.dataclass
 class CleanSplit:
     """A split cleaned into two staging files (clean1, clean2) in step, and what cleaning found: input_lines,
     empty_pairs, duplicate_pairs, and keep, (lines,) bool: the lines that stay (all but repeats with --dedup)."""
-
-    def __init__(self, clean1, clean2, input_lines, empty_pairs, duplicate_pairs, keep):
-        self.clean1, self.clean2, self.keep = clean1, clean2, keep
-        self.input_lines, self.empty_pairs, self.duplicate_pairs = input_lines, empty_pairs, duplicate_pairs
+    clean1: Path
+    clean2: Path
+    input_lines: int
+    empty_pairs: int
+    duplicate_pairs: int
+    keep: np.ndarray
 
     def pairs(self):
         """The kept (source, target) pairs, read from the staging files."""
@@ -380,8 +384,10 @@ def write_split(data_dir, split, clean, processor, options, chunk_lines=CHUNK_LI
     dtype = ids_dtype(processor.get_piece_size())
     lines = outliers = dropped_ratio = 0
     with contextlib.ExitStack() as stack:
-        write = {key: stack.enter_context(line_writer(data_dir / files[key])) for key in ("raw1", "raw2", "bpe1", "bpe2")}
-        writers = [IdsWriter(data_dir / files[f"ids{side}"], data_dir / files[f"offsets{side}"], dtype) for side in SIDES]
+        write = {key: stack.enter_context(line_writer(data_dir / files[key]))
+                 for key in ("raw1", "raw2", "bpe1", "bpe2")}
+        writers = [IdsWriter(data_dir / files[f"ids{side}"], data_dir / files[f"offsets{side}"], dtype)
+                   for side in SIDES]
         for writer in writers:
             stack.callback(writer.close)
         for chunk in chunks(progress(clean.pairs(), f"encoding {split}"), chunk_lines):

@@ -2,7 +2,8 @@
 
 A corpus is {split: (source_lines, target_lines)} for the splits train, eval (dev) and test; side 1 is the
 source, side 2 the target. Each side is re-iterable: a list, or LinesOf a file, which is read line by line
-every time it is iterated, so that a corpus of any size is never held in memory. corpora.numbers generates one, corpora.download fetches the public ones.
+every time it is iterated, so that a corpus of any size is never held in memory. corpora.numbers generates one,
+corpora.download fetches the public ones.
 """
 from pathlib import Path
 
@@ -61,5 +62,5 @@ def file_splits(paths):
         if not Path(path).is_file():
             raise UserError(f"file not found: {path} (--{flag})")
     sources = {flag: str(path) for flag, path in paths.items()}
-    return {split: (LinesOf(paths[FILE_FLAGS[split, 1]]), LinesOf(paths[FILE_FLAGS[split, 2]])) for split in SPLITS}, \
-        sources
+    splits = {split: (LinesOf(paths[FILE_FLAGS[split, 1]]), LinesOf(paths[FILE_FLAGS[split, 2]])) for split in SPLITS}
+    return splits, sources
