@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import math
 import os
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -60,17 +61,39 @@ def load_side(data_dir, manifest, split, side):
 
 @dataclasses.dataclass
 class Pairs:
-    """The pairs a dataset draws batches from. Pair i's source pieces are ids1[starts1[i]:starts1[i] + lengths1[i] - 1]:
-    lengths1 is x_seqlen, counting </s>; its target pieces likewise on side 2 (lengths2: y_seqlen, counting </s>)."""
+    """The pairs a dataset draws batches from: pair i is line lines[i] of both sides (line i when lines is None).
+    Its source pieces are ids1[offsets1[line]:offsets1[line + 1]] and lengths1[i] is its x_seqlen, counting </s>
+    (cut to a limit when training truncates); its target likewise on side 2 (lengths2: y_seqlen).
+    ids and offsets are those of load_side (memory maps): a corpus of millions of lines costs this process the
+    two (n,) int32 length arrays (and lines when pairs were skipped), not copies of the offsets."""
     ids1: np.ndarray
-    starts1: np.ndarray
+    offsets1: np.ndarray
     lengths1: np.ndarray
     ids2: np.ndarray
-    starts2: np.ndarray
+    offsets2: np.ndarray
     lengths2: np.ndarray
+    lines: Optional[np.ndarray] = None
 
     def __len__(self):
-        return len(self.starts1)
+        return len(self.lengths1)
+
+    def starts(self, index):
+        """(starts1, starts2): where the pairs at `index` (N,) begin in ids1 and ids2."""
+        lines = index if self.lines is None else self.lines[index]
+        return self.offsets1[lines], self.offsets2[lines]
+
+
+#: Lines per chunk when lengths are computed or filtered: no (n,) int64 temporary for a corpus of millions.
+CHUNK_LINES = 1 << 20
+
+
+def sequence_lengths(offsets):
+    """(n,) int32 sequence lengths counting </s> (line length + 1) of (n + 1,) offsets (see idsfile.py)."""
+    lengths = np.empty(len(offsets) - 1, np.int32)
+    for start in range(0, len(lengths), CHUNK_LINES):
+        lengths[start:start + CHUNK_LINES] = np.diff(offsets[start:start + CHUNK_LINES + 1])
+    lengths += 1
+    return lengths
 
 
 def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
@@ -83,21 +106,27 @@ def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
     (ids1, offsets1), (ids2, offsets2) = side1, side2
     if len(offsets1) != len(offsets2):
         raise ValueError("side 1 has %d lines but side 2 has %d" % (len(offsets1) - 1, len(offsets2) - 1))
-    lengths1, lengths2 = np.diff(offsets1).astype(np.int32) + 1, np.diff(offsets2).astype(np.int32) + 1
-    keep = np.ones(len(lengths1), bool)
-    if maxlen1 is not None or maxlen2 is not None:
-        keep = (lengths1 <= maxlen1) & (lengths2 <= maxlen2)
-    over = int((~keep).sum())
-    if truncate:
-        lengths1, lengths2 = np.minimum(lengths1, maxlen1), np.minimum(lengths2, maxlen2)
-        keep[:] = True
-    if keep.all():  # the offsets themselves (a memory map) are the starts: no copy
-        pairs = Pairs(ids1, offsets1[:-1], lengths1, ids2, offsets2[:-1], lengths2)
-    else:
-        index = np.flatnonzero(keep)
-        pairs = Pairs(ids1, offsets1[:-1][index], lengths1[index], ids2, offsets2[:-1][index], lengths2[index])
+    lengths1, lengths2 = sequence_lengths(offsets1), sequence_lengths(offsets2)
     release_pages(offsets1, offsets2)
-    return pairs, over
+    if maxlen1 is None and maxlen2 is None:
+        return Pairs(ids1, offsets1, lengths1, ids2, offsets2, lengths2), 0
+    if truncate:
+        over = int(np.count_nonzero((lengths1 > maxlen1) | (lengths2 > maxlen2)))
+        np.minimum(lengths1, maxlen1, out=lengths1)
+        np.minimum(lengths2, maxlen2, out=lengths2)
+        return Pairs(ids1, offsets1, lengths1, ids2, offsets2, lengths2), over
+    # the kept pairs' lengths are moved to the front of the same arrays, chunk by chunk
+    lines, kept = np.empty(len(lengths1), np.int32), 0
+    for start in range(0, len(lengths1), CHUNK_LINES):
+        keep = (lengths1[start:start + CHUNK_LINES] <= maxlen1) & (lengths2[start:start + CHUNK_LINES] <= maxlen2)
+        count = int(np.count_nonzero(keep))
+        lines[kept:kept + count] = np.flatnonzero(keep) + start
+        lengths1[kept:kept + count] = lengths1[start:start + CHUNK_LINES][keep]
+        lengths2[kept:kept + count] = lengths2[start:start + CHUNK_LINES][keep]
+        kept += count
+    if kept == len(lengths1):
+        return Pairs(ids1, offsets1, lengths1, ids2, offsets2, lengths2), 0
+    return Pairs(ids1, offsets1, lengths1[:kept], ids2, offsets2, lengths2[:kept], lines[:kept]), len(lines) - kept
 
 
 def bucket_widths(longest, growth):
@@ -119,7 +148,7 @@ def length_order(lengths):
 def eval_order(data_dir, manifest, split):
     """(n,) the line index of each row of a split's evaluation batches (sentences mode), in the order they come."""
     _, offsets = load_side(data_dir, manifest, split, 1)
-    return length_order(np.diff(offsets) + 1)
+    return length_order(sequence_lengths(offsets))
 
 
 def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.05):
@@ -148,8 +177,9 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     # (n,) each pair's bucket, an index into widths, looked up in a table over the lengths (no (n,) int64 temporary)
     bucket = np.searchsorted(widths, np.arange(widths[-1] + 1)).astype(np.int16)[longest]
     del longest
-    ties = rng.permutation(n) if rng is not None else np.arange(n)
-    ties = ties.astype(np.int32) if n < 2 ** 31 else ties
+    ties = np.arange(n, dtype=np.int32 if n < 2 ** 31 else np.int64)
+    if rng is not None:
+        rng.shuffle(ties)  # the permutation rng.permutation(n) gives, without its int64 array
     # one key (bucket, then source length, then target length) in a stable sort: the order of a lexsort over the
     # three, in a fraction of its time and memory; int32 whenever the key fits in it
     max1, max2 = int(lengths1.max(initial=0)) + 1, int(lengths2.max(initial=0)) + 1
@@ -205,9 +235,10 @@ def make_batch(pairs, index, width=None):
     each side to its longest sequence)."""
     x_seqlen, y_seqlen = pairs.lengths1[index], pairs.lengths2[index]
     width1, width2 = width or int(x_seqlen.max(initial=1)), width or int(y_seqlen.max(initial=1))
-    x = gather(pairs.ids1, pairs.starts1[index], x_seqlen - 1, width1, last=EOS_ID)
-    decoder_input = gather(pairs.ids2, pairs.starts2[index], y_seqlen - 1, width2, first=BOS_ID)
-    y = gather(pairs.ids2, pairs.starts2[index], y_seqlen - 1, width2, last=EOS_ID)
+    starts1, starts2 = pairs.starts(index)
+    x = gather(pairs.ids1, starts1, x_seqlen - 1, width1, last=EOS_ID)
+    decoder_input = gather(pairs.ids2, starts2, y_seqlen - 1, width2, first=BOS_ID)
+    y = gather(pairs.ids2, starts2, y_seqlen - 1, width2, last=EOS_ID)
     return (x, x_seqlen), (decoder_input, y, y_seqlen)
 
 
@@ -228,7 +259,7 @@ def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth
     def generate(epoch=0):
         for index, width in plan(epoch):
             batch = make_batch(pairs, index, width)
-            release_pages(pairs.ids1, pairs.starts1, pairs.ids2, pairs.starts2)
+            release_pages(pairs.ids1, pairs.offsets1, pairs.ids2, pairs.offsets2)
             yield batch
 
     return generate, lambda epoch=0: len(plan(epoch))

@@ -257,18 +257,18 @@ def test_prepro_over_a_format_1_data_dir_says_to_rerun_it_with_force(tmp_path, c
 # Plans, padding and the token budget
 
 
-def small_pairs(src, tgt):
-    """Pairs of two lists of id lists (see data_load.Pairs)."""
+def small_pairs(src, tgt, maxlen=None):
+    """Pairs of two lists of id lists (see data_load.Pairs) and the count of pairs over maxlen on either side."""
     def side(lines):
         return (np.array([i for line in lines for i in line], np.int32),
                 np.cumsum([0] + [len(line) for line in lines]).astype(np.int64))
-    return select_pairs(side(src), side(tgt))[0]
+    return select_pairs(side(src), side(tgt), maxlen, maxlen)
 
 
 def test_decoder_input_is_target_shifted_right_and_padding_is_zero():
     src = [[4, 5], [], [6, 7, 8]]
     tgt = [[9], [10, 11], []]
-    generate, num_batches = generator_fn(small_pairs(src, tgt), batch_size=2)
+    generate, num_batches = generator_fn(small_pairs(src, tgt)[0], batch_size=2)
     batches = list(generate(0))
     assert num_batches() == len(batches) == 2
     (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[0]  # lines 1 and 0: sorted by source length
@@ -288,6 +288,23 @@ def test_training_skips_or_truncates_long_pairs():
     assert over == 2 and kept.lengths1.tolist() == [4, 3] and kept.lengths2.tolist() == [2, 3]  # with </s>
     cut, over_truncated = select_pairs(side(src), side(tgt), 4, 4, truncate=True)
     assert over_truncated == 2 and cut.lengths1.tolist() == [2, 4, 4, 3] and cut.lengths2.tolist() == [4, 2, 2, 3]
+
+
+def test_skipping_chunk_by_chunk_keeps_the_right_lines(monkeypatch):
+    """Lengths are filtered in chunks (data_load.CHUNK_LINES): with chunks of 3 lines, the kept pairs' batches hold
+    exactly the lines within the limits, in line order, as a one-pass filter over all lines gives them."""
+    import data_load
+    monkeypatch.setattr(data_load, "CHUNK_LINES", 3)
+    rng = np.random.RandomState(0)
+    src = [list(rng.randint(4, 50, n)) for n in rng.randint(0, 8, 20)]
+    tgt = [list(rng.randint(4, 50, n)) for n in rng.randint(0, 8, 20)]
+    kept, over = small_pairs(src, tgt, maxlen=5)
+    expected = [i for i in range(20) if len(src[i]) < 5 and len(tgt[i]) < 5]
+    assert over == 20 - len(expected) > 0 and kept.lines.tolist() == expected
+    (x, x_seqlen), (_, y, y_seqlen) = next(generator_fn(kept, batch_size=20, seed=None)[0]())
+    rows = sorted(expected, key=lambda i: len(src[i]))  # sentences mode without a seed: by source length
+    assert [list(r[:n - 1]) for r, n in zip(x, x_seqlen)] == [src[i] for i in rows]
+    assert [list(r[:n - 1]) for r, n in zip(y, y_seqlen)] == [tgt[i] for i in rows]
 
 
 def test_token_batches_have_little_padding():
