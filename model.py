@@ -376,18 +376,33 @@ def attention_image(attention):
     return attention[:1, 0, :, :, None]
 
 
+def banned_outputs(vocab_size):
+    """(V,) bool: the ids a decoder never outputs, <pad> and <s>."""
+    return np.isin(np.arange(vocab_size), [PAD_ID, BOS_ID])
+
+
 def decoding_log_probs(logits, must_end=None):
     """log_softmax over the vocabulary with <pad> and <s> made impossible outputs (log-probability NEG_INF), and
     every token but </s> where must_end. logits: (..., V). must_end: None, or (B,) bool over the first axis of
     logits (B, V) or (B, K, V). The masks of both cases are picked per row, so one select writes the result."""
     vocab_size = logits.shape[-1]
-    tokens = np.arange(vocab_size)
-    banned = np.isin(tokens, [PAD_ID, BOS_ID])  # (V,)
+    banned = banned_outputs(vocab_size)  # (V,)
     if must_end is not None:
-        masks = tf.constant(np.stack([banned, tokens != EOS_ID]))  # (2, V): the ordinary step, the last step
+        masks = tf.constant(np.stack([banned, np.arange(vocab_size) != EOS_ID]))  # (2, V): ordinary, last step
         banned = tf.gather(masks, tf.cast(must_end, tf.int32))  # (B, V)
         banned = tf.reshape(banned, [-1] + [1] * (len(logits.shape) - 2) + [vocab_size])
     return tf.where(banned, tf.cast(NEG_INF, tf.float32), tf.nn.log_softmax(tf.cast(logits, tf.float32)))
+
+
+def greedy_choice(logits, must_end):
+    """The most probable output of each row, or </s> where must_end, and its log-probability: what an argmax over
+    decoding_log_probs(logits, must_end) picks, with no (N, V) mask to build or select through.
+    logits: (N, V). must_end: (N,) bool. Returns tokens (N,) int32 and their log-probabilities (N,) float32."""
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))  # (N, V)
+    banned = tf.constant(np.where(banned_outputs(logits.shape[-1]), NEG_INF, 0.0).astype(np.float32))  # (V,)
+    best = tf.cast(tf.argmax(log_probs + banned, axis=-1), tf.int32)
+    tokens = tf.where(must_end, EOS_ID, best)
+    return tokens, tf.gather(log_probs, tokens, batch_dims=1)
 
 
 def write_in_place(cache, rows, values):
@@ -459,11 +474,9 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
     def body(step, tokens, ids, log_prob, finished, state):
         logits, state = step_fn(tokens, step, state)
         with tf.name_scope("search"):
-            last = step + 1 >= max_steps  # (N,)
-            log_probs = decoding_log_probs(logits, last)  # (N, V)
-            tokens = tf.where(last, EOS_ID, tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
+            tokens, token_log_probs = greedy_choice(logits, step + 1 >= max_steps)  # (N,) each
             tokens = tf.where(finished, PAD_ID, tokens)
-            log_prob += tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1))
+            log_prob += tf.where(finished, 0.0, token_log_probs)
         if append is not None:
             state = append(state, tokens)
         return (step + 1, tokens, tf.concat([ids, tokens[:, None]], 1), log_prob,
