@@ -18,9 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense, fused_dense_variables,
-                     get_token_embeddings, ln, noam_cooldown_scheme, noam_scheme, output_loss, positional_encoding,
-                     scaled_dot_product_attention, self_attention, split_heads, sublayer_input, sublayer_output,
-                     warmup_decay_scheme)
+                     get_token_embeddings, key_biases, ln, noam_cooldown_scheme, noam_scheme, output_loss,
+                     positional_encoding, scaled_dot_product_attention, self_attention, split_heads, sublayer_input,
+                     sublayer_output, warmup_decay_scheme)
 from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (PAD_ID: for the modules that import it from here)
 
 tf1 = tf.compat.v1
@@ -167,7 +167,7 @@ class Transformer:
         """The rest of an attention sublayer (scope: the current one) for one query position per row.
 
         queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected. K, V: (B*h, T_k, d_model/h).
-        key_masks: (B*h, 1, T_k) or (1, 1, T_k) bool, True where a key must not be attended to.
+        key_masks: (B*h, 1, T_k) or (1, 1, T_k) float32 biases of modules.key_biases.
         Returns (B, d_model).
         """
         hp = self.hp
@@ -196,7 +196,7 @@ class Transformer:
         with tf.name_scope("cache_write"):
             K, V = (write_in_place(cache, head_rows + step, tf.reshape(new, [-1, d_head]))  # rows (B*h, d_model/h)
                     for cache, new in ((K, new_K), (V, new_V)))
-        future = tf.range(cache_len)[None, None, :] > step  # (1, 1, L): keys not written yet
+        future = key_biases(tf.range(cache_len)[None, None, :] > step)  # (1, 1, L): keys not written yet
         heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
         return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
 
@@ -210,7 +210,8 @@ class Transformer:
             sentence). L is fixed for the whole batch, so every step runs on the same shapes.
         parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
         qkv_kernels: _self_attention_kernels(). head_rows: (B*h,) see _cached_self_attention.
-        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, 1, T1).
+        memory_kv: list of num_blocks pairs (K, V), each (B*h, T1, d_model/h). src_masks: (B*h, 1, T1) biases
+            (modules.key_biases).
         output_kernel: _output_kernel().
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L, d_model/h).
         """
@@ -239,7 +240,7 @@ class Transformer:
         hp = self.hp
         memory_kv = self._project_memory(memory)
         qkv_kernels = self._self_attention_kernels()
-        head_masks = tf.repeat(src_masks, hp.num_heads, axis=0)[:, None, :]  # (B*h, 1, T1)
+        head_masks = key_biases(tf.repeat(src_masks, hp.num_heads, axis=0)[:, None, :])  # (B*h, 1, T1)
         cache_len = tf.reduce_max(max_steps)
         shape = [tf.shape(memory)[0], hp.num_heads, cache_len, hp.d_model // hp.num_heads]
         # each (B, h, L, d_model/h); Empty is stateful, so every tensor keeps a buffer of its own to write in place

@@ -114,14 +114,21 @@ def mask_keys(inputs, key_masks):
 
     inputs: (N*h, T_q, T_k) logits, each sentence's h heads next to each other on the first axis.
     key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)); or (N*h, 1, T_k)
-    or (1, 1, T_k), already one row per logit row (or one for all), used as they are (the decoding loop makes
-    them once per batch). Returns (N*h, T_q, T_k).
+    or (1, 1, T_k) float32 biases, MASKED_LOGIT at the masked keys and 0 elsewhere (key_biases), one row per logit
+    row (or one for all): the decoding loop makes them once per batch or step, and adding them costs a step less
+    than selecting through a mask. Either way a masked key's softmax weight is exactly 0.
+    Returns (N*h, T_q, T_k).
     """
     if key_masks.shape.rank == 3:
-        return tf.where(key_masks, tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
+        return inputs + tf.cast(key_masks, inputs.dtype)
     heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
     key_masks = tf.repeat(key_masks, heads, axis=0)  # (N*h, T_k)
     return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
+
+
+def key_biases(key_masks):
+    """Bool masks (any shape), True at the keys not to attend to -> float32 biases for mask_keys."""
+    return tf.where(key_masks, MASKED_LOGIT, 0.0)
 
 
 def mask_future(inputs):
@@ -136,8 +143,8 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
 
     Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 / float16 for mixed precision,
     in which case the products run in that dtype and the scaling, masks and softmax in float32.
-    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), (N or 1, 1, T_k), or None
-        (see mask_keys).
+    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), (N or 1, 1, T_k) float32
+        biases, or None (see mask_keys).
     causality: if True, query t attends only to keys <= t.
     Returns outputs (N, T_q, d_v) in V's dtype and attention weights (N, T_q, T_k) float32.
     """
