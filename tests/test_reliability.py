@@ -36,7 +36,7 @@ import test as test_cli
 import train
 import translate
 import utils
-from errors import run_cli
+from in_process import run_in_process
 from textio import atomic_write
 from utils import calc_bleu, read_lines, session_config
 
@@ -79,20 +79,6 @@ def run(name, *args):
     """Runs a script to its end. Returns (exit code, stdout, stderr)."""
     result = subprocess.run(script(name, *args), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     return result.returncode, result.stdout, result.stderr
-
-
-def run_in_process(capsys, name, main, *args):
-    """Runs a tool's main() in this process as its script runs it (errors.run_cli, sys.argv[0] the script's name),
-    without a subprocess's start-up. capsys: the test's fixture, which captures the output. Returns
-    (exit code, stdout, stderr), like run()."""
-    argv = list(map(str, args))
-    capsys.readouterr()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "argv", [name, *argv])
-        with pytest.raises(SystemExit) as exit:
-            run_cli(lambda: main(argv))
-    out, err = capsys.readouterr()
-    return exit.value.code, out, err
 
 
 def assert_one_error_line(code, stderr, *phrases):
