@@ -905,7 +905,9 @@ def test_test_py_and_translate_py_take_only_their_flags(trained, capsys):
 
 
 @pytest.mark.slow
-def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tmp_path, capsys):
+def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tmp_path, capsys, monkeypatch):
+    """The resume that trains longer also shows train.py's progress lines when the output is not a terminal (one
+    run for both, as each is a graph build and a few steps)."""
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
     assert train.main(["--logdir", str(logdir)]) == 0
@@ -913,18 +915,17 @@ def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tm
     assert ("nothing to do: %s is at step 15 (1 epochs done), where its --lr_schedule linear decayed to 0 at step 15 "
             "ends training; to train longer, start a new --logdir, or resume with --lr_schedule noam" % logdir) in out
     assert sorted(os.listdir(logdir)) == before
-    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "16",
-                       "--eval_every", "0"]) == 0
-    assert "done: step 16" in capsys.readouterr().out
+    monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
+    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "17"]) == 0
+    out = capsys.readouterr().out
+    assert "done: step 17" in out
+    assert re.search(r"^epoch 2: 1/15 batches \(7%\), \d+ s, loss [\d.]+, tok_s \d+$", out, re.M), out
+    assert re.search(r"^epoch 2: 2/15 batches", out, re.M)
 
 
 @pytest.mark.slow
-def test_progress_lines_when_the_output_is_not_a_terminal(trained, tmp_path, capsys, monkeypatch):
+def test_progress_lines_of_test_py_when_the_output_is_not_a_terminal(trained, tmp_path, capsys, monkeypatch):
+    """(train.py's: test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer.)"""
     monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
     assert test_cli.main(["--logdir", str(trained), "--testdir", str(tmp_path / "test")]) == 0
     assert re.search(r"^test: 1/1 batches \(100%\), \d+ s$", capsys.readouterr().out, re.M)
-    logdir = copy_logdir(trained, tmp_path / "run")
-    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "17"]) == 0
-    out = capsys.readouterr().out
-    assert re.search(r"^epoch 2: 1/15 batches \(7%\), \d+ s, loss [\d.]+, tok_s \d+$", out, re.M), out
-    assert re.search(r"^epoch 2: 2/15 batches", out, re.M)
