@@ -3,7 +3,7 @@ tests that call train.main()/test.main() in the same process must not mix eager 
 environment defaults (runtime.py) are set before it is imported, as in the tools.
 
 The tests that need a trained model share tiny_model, trained once per session. A test that needs a trained model
-(tiny_model, or test_reliability.py's trained, trained in a subprocess) is marked slow: the quick tier,
+(tiny_model, or test_reliability.py's trained) is marked slow: the quick tier,
 `bash scripts/test.sh -m "not slow"`, trains nothing but a few steps inside single tests."""
 import pytest
 

@@ -86,13 +86,21 @@ def loss_and_gradients(hp, x, y, reference=False):
             return sess.run([loss_sum, token_count, gradients], ph.feed(x, y))
 
 
-@pytest.mark.slow
-def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss():
+@pytest.fixture(scope="module")
+def float32_loss():
+    """A batch of 4 pairs (targets padded past their longest) and its float32 training loss sum, token count and
+    gradients: (x, y, (loss_sum, token_count, gradients)), computed once for the tests that compare with it."""
     rng = np.random.RandomState(3)
     hp = small_hp(smoothing=0.1)
     x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size, width=9)
-    loss_sum, token_count, gradients = loss_and_gradients(hp, x, y)
-    reference_sum, reference_count, reference_gradients = loss_and_gradients(hp, x, y, reference=True)
+    return x, y, loss_and_gradients(hp, x, y)
+
+
+@pytest.mark.slow
+def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss(float32_loss):
+    x, y, (loss_sum, token_count, gradients) = float32_loss
+    reference_sum, reference_count, reference_gradients = loss_and_gradients(small_hp(smoothing=0.1), x, y,
+                                                                             reference=True)
     assert token_count == reference_count == 21
     np.testing.assert_allclose(loss_sum, reference_sum, rtol=1e-5)
     for gradient, reference in zip(gradients, reference_gradients):
@@ -101,10 +109,8 @@ def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_training_loss_and_gradients_track_float32(precision):
-    rng = np.random.RandomState(4)
-    x, y = random_ids(rng, [6, 5, 7, 4], 40), random_ids(rng, [5, 7, 6, 3], 40)
-    fp32_sum, _, fp32_gradients = loss_and_gradients(small_hp(smoothing=0.1), x, y)
+def test_mixed_precision_training_loss_and_gradients_track_float32(float32_loss, precision):
+    x, y, (fp32_sum, _, fp32_gradients) = float32_loss
     mixed_sum, _, mixed_gradients = loss_and_gradients(small_hp(smoothing=0.1, precision=precision), x, y)
     np.testing.assert_allclose(mixed_sum, fp32_sum, rtol=1e-2)
     flat = [np.concatenate([g.ravel() for g in gradients]) for gradients in (fp32_gradients, mixed_gradients)]

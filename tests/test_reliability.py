@@ -2,8 +2,9 @@
 mismatched or damaged checkpoints and awkward inputs give one clear line or the right output, and training is
 deterministic for a seed.
 
-train.py and test.py run in subprocesses, as a user runs them; graphs are built in-process where only their
-numbers matter.
+train.py runs in a subprocess, as a user runs it, where the behaviour needs another process (signals, kills, a
+second writer) and for one error from the real command line; elsewhere the tools' main() runs in-process as their
+scripts run it (run_in_process), and graphs are built in-process where only their numbers matter.
 """
 import errno
 import fcntl
@@ -35,6 +36,7 @@ import test as test_cli
 import train
 import translate
 import utils
+from in_process import run_in_process
 from textio import atomic_write
 from utils import calc_bleu, read_lines, session_config
 
@@ -77,17 +79,6 @@ def run(name, *args):
     """Runs a script to its end. Returns (exit code, stdout, stderr)."""
     result = subprocess.run(script(name, *args), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     return result.returncode, result.stdout, result.stderr
-
-
-def run_all(commands):
-    """Runs several scripts at once ([(name, args), ...]). Returns their (exit code, stdout, stderr), in order."""
-    processes = [subprocess.Popen(script(name, *args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for name, args in commands]
-    results = []
-    for process in processes:
-        out, err = process.communicate(timeout=300)
-        results.append((process.returncode, out, err))
-    return results
 
 
 def assert_one_error_line(code, stderr, *phrases):
@@ -228,9 +219,8 @@ def data_dir(tmp_path_factory):
 def trained(data_dir, tmp_path_factory):
     """A logdir with a tiny model trained one epoch (15 steps): its only checkpoint is E01_...-15."""
     logdir = tmp_path_factory.mktemp("trained") / "run"
-    code, out, err = run("train.py", "--data_dir", data_dir, "--logdir", logdir, *TINY_MODEL,
-                         "--batch_size", "2000", "--max_steps", "15")
-    assert code == 0, err
+    assert train.main(["--data_dir", str(data_dir), "--logdir", str(logdir), *TINY_MODEL, "--batch_size", "2000",
+                       "--max_steps", "15"]) == 0
     assert tf.train.latest_checkpoint(str(logdir)).endswith("-15")
     return logdir
 
@@ -245,7 +235,7 @@ def copy_logdir(logdir, target):
 
 
 @pytest.mark.slow
-def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp_path):
+def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp_path, capsys):
     steps_per_epoch = TRAIN_PAIRS // 16
     args = ["--data_dir", data_dir, "--logdir", tmp_path / "run", *TINY_MODEL, "--batch_type", "sentences",
             "--batch_size", "16", "--eval_every", "100", "--max_steps", "100000"]
@@ -279,7 +269,7 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
           for event in tf1.train.summary_iterator(str(path)) for value in event.summary.value if value.tag == "lr"}
     np.testing.assert_allclose(lr[100], 1e-3 * 1000 ** 0.5 * 100 * 1000 ** -1.5, rtol=0.011)
 
-    code, out, err = run("train.py", *args[:4], "--max_steps", step + 2)
+    code, out, err = run_in_process(capsys, "train.py", train.main, *args[:4], "--max_steps", step + 2)
     assert code == 0, err
     assert RESUMED.search(out).groups() == (ckpt, str(step), str(epoch + 1))
     assert "done: step %d" % (step + 2) in out
@@ -300,7 +290,7 @@ def kill_while_a_checkpoint_is_written(training, logdir, timeout=30):
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, tmp_path):
+def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, tmp_path, capsys):
     """Epochs of two steps, so that a checkpoint is written several times a second. One kill lands while one is
     being written, one at a random moment."""
     logdir = tmp_path / "run"
@@ -326,7 +316,7 @@ def test_sigkill_at_random_points_always_leaves_a_loadable_checkpoint(data_dir, 
     latest = tf.train.latest_checkpoint(str(logdir))
     step = checkpoint_step(latest)
 
-    code, out, err = run("train.py", "--logdir", logdir, "--max_steps", step + 4)
+    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--max_steps", step + 4)
     assert code == 0, err
     assert RESUMED.search(out).group(1, 2) == (latest, str(step)), "kills at %s" % moments
     assert "done: step %d" % (step + 4) in out
@@ -349,11 +339,12 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch)
 # Non-finite loss
 
 
-def test_a_non_finite_loss_stops_without_saving(trained, tmp_path):
+def test_a_non_finite_loss_stops_without_saving(trained, tmp_path, capsys):
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
     good = tf.train.latest_checkpoint(str(logdir))
-    code, out, err = run("train.py", "--logdir", logdir, "--lr", "1e9", "--max_steps", "100", "--lr_schedule", "noam")
+    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--lr", "1e9", "--max_steps",
+                                    "100", "--lr_schedule", "noam")
     line = assert_one_error_line(code, err, "stopped without saving, the last good checkpoint is %s" % good,
                                  "Try a lower --lr, a longer --warmup_steps")
     step = int(re.search(r"loss is nan at step (\d+) \(epoch \d+\)", line).group(1))
@@ -393,7 +384,7 @@ def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
 # Wrong pairings and damaged checkpoints
 
 
-def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained, tmp_path):
+def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained, tmp_path, capsys):
     other_size, other_pieces = tmp_path / "vocab320", tmp_path / "other_pieces"
     assert prepro.main(["--n_train", "2000", "--n_eval", "5", "--n_test", "5", "--vocab_size", "320",
                         "--data_dir", str(other_size)]) == 0
@@ -411,16 +402,16 @@ def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained
     for path in lost.glob(Path(good).name + ".*"):
         path.unlink()
 
-    results = run_all([
-        ("test.py", ["--logdir", trained, "--data_dir", other_size]),
-        ("test.py", ["--logdir", trained, "--data_dir", other_pieces]),
-        ("test.py", ["--logdir", trained, "--d_model", "64"]),
-        ("test.py", ["--logdir", trained, "--ckpt", trained / "E09-99"]),
-        ("test.py", ["--logdir", truncated]),
-        ("train.py", ["--logdir", truncated, "--max_steps", "30"]),
-        ("test.py", ["--logdir", other_shape]),
-        ("train.py", ["--logdir", lost, "--max_steps", "30"]),
-    ])
+    results = [run_in_process(capsys, name, main, *args) for name, main, args in [
+        ("test.py", test_cli.main, ["--logdir", trained, "--data_dir", other_size]),
+        ("test.py", test_cli.main, ["--logdir", trained, "--data_dir", other_pieces]),
+        ("test.py", test_cli.main, ["--logdir", trained, "--d_model", "64"]),
+        ("test.py", test_cli.main, ["--logdir", trained, "--ckpt", trained / "E09-99"]),
+        ("test.py", test_cli.main, ["--logdir", truncated]),
+        ("train.py", train.main, ["--logdir", truncated, "--max_steps", "30"]),
+        ("test.py", test_cli.main, ["--logdir", other_shape]),
+        ("train.py", train.main, ["--logdir", lost, "--max_steps", "30"]),
+    ]]
     vocab_size, vocab_pieces, d_model, missing, truncated_test, truncated_train, shape, lost_latest = results
     assert_one_error_line(*vocab_size[::2], "vocab size 320 of %s does not match vocab size 300" % other_size,
                           "pass the --data_dir it was trained on (%s)" % data_dir)
@@ -443,11 +434,11 @@ def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained
 # Inputs at the edges
 
 
-def test_every_test_line_gets_one_hypothesis_in_order(data_dir, trained, tmp_path):
+def test_every_test_line_gets_one_hypothesis_in_order(data_dir, trained, tmp_path, capsys):
     """EDGE_TEST: empty lines, a 450-word line, unseen characters, line separators, Windows line endings and no
     final newline. (Invalid UTF-8 is refused by prepro with file and line: tests/test_prepro.py
     test_invalid_utf8_names_file_and_line.)"""
-    code, out, err = run("test.py", "--logdir", trained, "--testdir", tmp_path)
+    code, out, err = run_in_process(capsys, "test.py", test_cli.main, "--logdir", trained, "--testdir", tmp_path)
     assert code == 0, err
     hypotheses = (tmp_path / "hypotheses.txt").read_text(encoding="utf-8").split("\n")
     assert len(hypotheses) == len(EDGE_TEST) + 1 and hypotheses[-1] == ""
@@ -517,7 +508,7 @@ def test_the_same_seed_gives_the_same_first_20_losses(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, tmp_path):
+def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, tmp_path, capsys):
     """The first train.py holds LOGDIR/train.lock: a second one is refused with the first one's pid and writes
     nothing; test.py reads the logdir meanwhile, while every epoch (two steps) rotates the only kept checkpoint
     away; after the first is killed with SIGKILL, the lock is free again."""
@@ -528,11 +519,13 @@ def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, 
     with Training(*args) as first:
         first.wait_for_stdout(r"^epoch \d+ \| step")
         before = {path.name: path.stat().st_mtime for path in logdir.iterdir() if path.name == "hparams.json"}
-        code, out, err = run("train.py", *args[:4], "--d_model", "64", "--max_steps", "3")
+        code, out, err = run_in_process(capsys, "train.py", train.main, *args[:4], "--d_model", "64",
+                                        "--max_steps", "3")
         assert_one_error_line(code, err, "%s is being written by train.py process %d" % (logdir, first.process.pid),
                               "wait for it to end, stop it, or use another --logdir")
         assert {path.name: path.stat().st_mtime for path in logdir.iterdir() if path.name == "hparams.json"} == before
-        code, out, err = run("test.py", "--logdir", logdir, "--testdir", tmp_path / "test")
+        code, out, err = run_in_process(capsys, "test.py", test_cli.main, "--logdir", logdir, "--testdir",
+                                        tmp_path / "test")
         assert code == 0, err
         assert first.process.poll() is None, "the first train.py ended"
         first.process.kill()
@@ -614,16 +607,19 @@ def test_an_out_of_range_flag_is_refused_before_anything_is_built(data_dir, tmp_
     assert not (tmp_path / "run").exists()
 
 
-def test_out_of_range_flags_are_one_line_in_every_tool(trained):
-    train, test, translate, export = run_all([
-        ("train.py", ["--logdir", trained, "--dropout_rate", "1.5"]),
-        ("test.py", ["--logdir", trained, "--beam_size", "0"]),
-        ("translate.py", ["--logdir", trained, "--nbest", "0", "eins"]),
-        ("export.py", ["--logdir", trained, "--export_dir", trained / "x", "--beam_size", "0"])])
-    assert_one_error_line(*train[::2], "--dropout_rate 1.5 is out of range")
-    assert_one_error_line(*test[::2], "--beam_size 0 is out of range: it must be at least 1")
-    assert_one_error_line(*translate[::2], "--nbest 0 is out of range: it must be at least 1")
-    assert_one_error_line(*export[::2], "--beam_size 0 is out of range")
+def test_out_of_range_flags_are_one_line_in_every_tool(trained, capsys):
+    """train.py runs as a user runs it, the other tools in this process as their scripts run them."""
+    import export
+    train_result = run("train.py", "--logdir", trained, "--dropout_rate", "1.5")
+    assert_one_error_line(*train_result[::2], "--dropout_rate 1.5 is out of range")
+    test_result = run_in_process(capsys, "test.py", test_cli.main, "--logdir", trained, "--beam_size", "0")
+    assert_one_error_line(*test_result[::2], "--beam_size 0 is out of range: it must be at least 1")
+    translate_result = run_in_process(capsys, "translate.py", translate.main, "--logdir", trained, "--nbest", "0",
+                                      "eins")
+    assert_one_error_line(*translate_result[::2], "--nbest 0 is out of range: it must be at least 1")
+    export_result = run_in_process(capsys, "export.py", export.main, "--logdir", trained, "--export_dir",
+                                   trained / "x", "--beam_size", "0")
+    assert_one_error_line(*export_result[::2], "--beam_size 0 is out of range")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -758,7 +754,7 @@ def test_non_finite_dev_scores_with_finite_weights_stop_without_saving(trained, 
 # Broken JSON files
 
 
-def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_path):
+def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_path, capsys):
     broken_hparams = copy_logdir(trained, tmp_path / "hparams")
     text = (broken_hparams / "hparams.json").read_text()
     (broken_hparams / "hparams.json").write_text(text[:len(text) // 2])
@@ -779,7 +775,7 @@ def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_p
     before = sorted(os.listdir(broken_index))
     (broken_index / "checkpoint").write_text("model_checkpoint_path: \"E01")
     good = Path(tf.train.latest_checkpoint(str(trained))).name
-    code, _, err = run("train.py", "--logdir", broken_index, "--max_steps", "30")
+    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", broken_index, "--max_steps", "30")
     assert_one_error_line(code, err, "%s, the checkpoint index, is damaged" % (broken_index / "checkpoint"), good)
     assert sorted(os.listdir(broken_index)) == before  # never a fresh start over the old checkpoints
     with pytest.raises(utils.UserError, match="the checkpoint index, is damaged"):
@@ -900,16 +896,18 @@ def test_checkpoint_file_names_and_relative_data_dirs(trained, tmp_path, monkeyp
         test_cli.main(["--logdir", str(logdir)])
 
 
-def test_test_py_and_translate_py_take_only_their_flags(trained):
-    code, out, err = run("test.py", "--help")
+def test_test_py_and_translate_py_take_only_their_flags(trained, capsys):
+    code, out, err = run_in_process(capsys, "test.py", test_cli.main, "--help")
     assert code == 0 and "--beam_size" in out and "--testdir" in out
     assert "--lr " not in out and "--d_model" not in out and "--dropout_rate" not in out
-    code, _, err = run("translate.py", "--logdir", trained, "--lr", "0.1", "eins")
+    code, _, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", trained, "--lr", "0.1", "eins")
     assert_one_error_line(code, err, "unrecognized arguments: --lr", "see translate.py --help")
 
 
 @pytest.mark.slow
-def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tmp_path, capsys):
+def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tmp_path, capsys, monkeypatch):
+    """The resume that trains longer also shows train.py's progress lines when the output is not a terminal (one
+    run for both, as each is a graph build and a few steps)."""
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
     assert train.main(["--logdir", str(logdir)]) == 0
@@ -917,18 +915,17 @@ def test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer(trained, tm
     assert ("nothing to do: %s is at step 15 (1 epochs done), where its --lr_schedule linear decayed to 0 at step 15 "
             "ends training; to train longer, start a new --logdir, or resume with --lr_schedule noam" % logdir) in out
     assert sorted(os.listdir(logdir)) == before
-    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "16",
-                       "--eval_every", "0"]) == 0
-    assert "done: step 16" in capsys.readouterr().out
+    monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
+    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "17"]) == 0
+    out = capsys.readouterr().out
+    assert "done: step 17" in out
+    assert re.search(r"^epoch 2: 1/15 batches \(7%\), \d+ s, loss [\d.]+, tok_s \d+$", out, re.M), out
+    assert re.search(r"^epoch 2: 2/15 batches", out, re.M)
 
 
 @pytest.mark.slow
-def test_progress_lines_when_the_output_is_not_a_terminal(trained, tmp_path, capsys, monkeypatch):
+def test_progress_lines_of_test_py_when_the_output_is_not_a_terminal(trained, tmp_path, capsys, monkeypatch):
+    """(train.py's: test_a_resume_with_nothing_to_do_says_so_and_how_to_train_longer.)"""
     monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
     assert test_cli.main(["--logdir", str(trained), "--testdir", str(tmp_path / "test")]) == 0
     assert re.search(r"^test: 1/1 batches \(100%\), \d+ s$", capsys.readouterr().out, re.M)
-    logdir = copy_logdir(trained, tmp_path / "run")
-    assert train.main(["--logdir", str(logdir), "--lr_schedule", "noam", "--max_steps", "17"]) == 0
-    out = capsys.readouterr().out
-    assert re.search(r"^epoch 2: 1/15 batches \(7%\), \d+ s, loss [\d.]+, tok_s \d+$", out, re.M), out
-    assert re.search(r"^epoch 2: 2/15 batches", out, re.M)

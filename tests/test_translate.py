@@ -12,6 +12,7 @@ import sentencepiece as spm
 import prepro
 import translate
 from errors import UserError
+from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,15 +139,14 @@ def test_split_pieces_prefers_sentence_ends_then_commas_then_words():
     assert translate.split_pieces(["▁a", "b"], 2) == ([["▁a", "b"]], [])
 
 
-def test_errors_are_one_line_without_traceback(model, tmp_path):
+def test_errors_are_one_line_without_traceback(model, tmp_path, capsys):
     logdir, _ = model
     untrained = tmp_path / "untrained"
     untrained.mkdir()
     (untrained / "hparams.json").write_text(open(os.path.join(logdir, "hparams.json")).read())
-    result = subprocess.run(command(str(untrained), SENTENCE), cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", untrained, SENTENCE)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and out == "" and "Traceback" not in err
     assert errors == ["error: checkpoint (none) not found; checkpoints in %s: none, train first" % untrained]
 
     other_vocab = str(tmp_path / "other")
@@ -176,10 +176,10 @@ def test_ctranslate2_engine_prints_our_greedy_translations(model, capsys, tmp_pa
     assert same >= 0.98 * len(ours), [(a, b) for a, b in zip(ours, theirs) if a != b]
 
 
-def test_ctranslate2_engine_without_a_model_dir_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "translate.py", "--engine", "ctranslate2", "--model", str(tmp_path),
-                             "Ein Satz."], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+def test_ctranslate2_engine_without_a_model_dir_is_one_line(tmp_path, capsys):
+    code, _, err = run_in_process(capsys, "translate.py", translate.main, "--engine", "ctranslate2", "--model",
+                                  tmp_path, "Ein Satz.")
+    assert code == 2
+    assert err.strip().splitlines() == [
         "error: --model %s is not a directory written by export.py --format ctranslate2 (no readable "
         "translate.json)" % tmp_path]

@@ -1,8 +1,6 @@
 """End to end: prepro -> train (a few steps) -> resume -> test, as a user runs them."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -11,8 +9,8 @@ import test as test_cli
 import train
 import translate
 from hparams import Hparams, parse_flags
+from in_process import run_in_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "1500",
               "--warmup_steps", "20", "--lr", "3e-3", "--test_batch_size", "100", "--seed", "7"]
 
@@ -52,21 +50,19 @@ def test_prepro_train_resume_test(data_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_changing_the_model_shape_of_a_logdir_is_refused(data_dir, tmp_path):
+def test_changing_the_model_shape_of_a_logdir_is_refused(data_dir, tmp_path, capsys):
     logdir = str(tmp_path / "run")
     train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "1", "--eval_every", "100"] + TINY_MODEL)
-    result = subprocess.run([sys.executable, "train.py", "--logdir", logdir, "--d_model", "64"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--d_model 32 but this run asks for 64" in result.stderr
+    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--d_model", "64")
+    assert code == 2 and "Traceback" not in err
+    assert "--d_model 32 but this run asks for 64" in err
 
 
-@pytest.mark.slow
-def test_every_flag_has_help():
+def test_every_flag_has_help(capsys):
     for action in Hparams().parser._actions:
         assert action.help and len(action.help) > 10, action.dest
-    help_text = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=60).stdout
+    code, help_text, _ = run_in_process(capsys, "train.py", train.main, "--help")
+    assert code == 0
     for group in ("data:", "model:", "training:", "decoding:", "testing:"):
         assert group in help_text
 
