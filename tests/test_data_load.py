@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import prepro
 from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, eval_order, generator_fn, get_batch, load_side,
-                       load_vocab, plan_batches, select_pairs, text_ids)
+                       load_vocab, pad, plan_batches, select_pairs, text_ids)
 from errors import UserError
 from idsfile import IdsWriter, ids_dtype, read_ids
 from utils import load_manifest
@@ -70,14 +70,6 @@ def reference_plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None,
     return batches
 
 
-def reference_pad(sequences, width=None):
-    lengths = np.array([len(s) for s in sequences], np.int32)
-    array = np.zeros([len(sequences), width or lengths.max(initial=1)], np.int32)
-    for row, seq in zip(array, sequences):
-        row[:len(seq)] = seq
-    return array, lengths
-
-
 def reference_batches(data_dir, split, maxlen1, maxlen2, batch_size, batch_type, seed, epoch, truncate=False):
     """Every batch of an epoch as the text-based pipeline made it: (x, x_seqlen, decoder_input, y, y_seqlen)."""
     manifest = load_manifest(str(data_dir))
@@ -91,9 +83,9 @@ def reference_batches(data_dir, split, maxlen1, maxlen2, batch_size, batch_type,
     rng = np.random.RandomState(seed + epoch) if seed is not None else None
     batches = []
     for batch, width in reference_plan_batches(lengths1, lengths2, batch_size, batch_type, rng):
-        x, x_seqlen = reference_pad([xs_ids[i] for i in batch], width)
-        decoder_input, y_seqlen = reference_pad([ys_ids[i][:-1] for i in batch], width)
-        y, _ = reference_pad([ys_ids[i][1:] for i in batch], width)
+        x, x_seqlen = pad([xs_ids[i] for i in batch], width)
+        decoder_input, y_seqlen = pad([ys_ids[i][:-1] for i in batch], width)
+        y, _ = pad([ys_ids[i][1:] for i in batch], width)
         batches.append((x, x_seqlen, decoder_input, y, y_seqlen))
     return batches
 
@@ -302,9 +294,9 @@ def test_skipping_chunk_by_chunk_keeps_the_right_lines(monkeypatch):
     expected = [i for i in range(20) if len(src[i]) < 5 and len(tgt[i]) < 5]
     assert over == 20 - len(expected) > 0 and kept.lines.tolist() == expected
     (x, x_seqlen), (_, y, y_seqlen) = next(generator_fn(kept, batch_size=20, seed=None)[0]())
-    rows = sorted(expected, key=lambda i: len(src[i]))  # sentences mode without a seed: by source length
-    assert [list(r[:n - 1]) for r, n in zip(x, x_seqlen)] == [src[i] for i in rows]
-    assert [list(r[:n - 1]) for r, n in zip(y, y_seqlen)] == [tgt[i] for i in rows]
+    order = sorted(expected, key=lambda i: len(src[i]))  # sentences mode without a seed: by source length
+    assert [list(r[:n - 1]) for r, n in zip(x, x_seqlen)] == [src[i] for i in order]
+    assert [list(r[:n - 1]) for r, n in zip(y, y_seqlen)] == [tgt[i] for i in order]
 
 
 def test_token_batches_have_little_padding():
