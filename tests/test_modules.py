@@ -81,10 +81,12 @@ def test_lean_loss_and_its_gradient_equal_one_hot_label_smoothed_cross_entropy()
     def build():
         variable = tf.constant(logits)
         reference = one_hot_smoothed_cross_entropy(variable, labels, 11)
-        lean, lean_grads = smoothed_cross_entropy(variable, tf.constant(labels), 0.1)
-        return lean, reference, lean_grads, tf.gradients(tf.reduce_sum(reference), variable)[0]
-    lean, reference, lean_grads, reference_grads = run(build)
+        lean, probs = smoothed_cross_entropy(variable, tf.constant(labels), tf.reduce_mean(variable, axis=-1), 0.1)
+        return lean, reference, probs, tf.gradients(tf.reduce_sum(reference), variable)[0]
+    lean, reference, probs, reference_grads = run(build)
     np.testing.assert_allclose(lean, reference, atol=1e-5)
+    # the gradient is p - (1 - epsilon) one_hot - epsilon / V, of which the function returns p
+    lean_grads = probs - 0.9 * np.eye(11, dtype=np.float32)[labels] - 0.1 / 11
     np.testing.assert_allclose(lean_grads, reference_grads, atol=1e-6)
 
 
