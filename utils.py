@@ -138,8 +138,8 @@ def resolve_precision(hp):
 
 def trained_model_files(hp, ckpt="", splits=()):
     """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
-    checking the data dir's files (those of `splits` too), that the data dir's vocabulary is the one the model was trained with and that the checkpoint holds
-    trained weights."""
+    checking the data dir's files (those of `splits` too), that the data dir's vocabulary is the one the model was
+    trained with and that the checkpoint holds trained weights."""
     manifest = load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir, splits)
     check_vocab(hp, manifest, hp.trained_data_dir)
     ckpt = find_checkpoint(hp.logdir, ckpt)

@@ -41,6 +41,8 @@ def main():
         "test.py": outcome(test.main, "--logdir", logdir),
         "avg_checkpoints.py": outcome(avg_checkpoints.main, "--logdir", logdir, "--last", "1"),
         "test.py --testdir elsewhere": outcome(test.main, "--logdir", logdir, "--testdir", new_logdir + "-test"),
+        "export.py from a read-only logdir": outcome(export.main, "--logdir", logdir, "--export_dir",
+                                                     new_logdir + "-export"),
         "train.py over a read-only data dir": outcome(train.main, "--data_dir", data_dir, "--logdir", new_logdir,
                                                       *tiny),
     }))

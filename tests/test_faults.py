@@ -29,7 +29,6 @@ import train
 import translate
 from in_process import run_in_process
 
-tf1 = tf.compat.v1
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--threads", "1",
@@ -50,7 +49,8 @@ def one_line(capsys, tool, *args):
 def model(tiny_model, tmp_path):
     """A copy of the session's tiny model and of its data dir, which the test may damage: (logdir, data_dir),
     with the copy's hparams.json pointing at the copied data dir."""
-    logdir, data_dir = shutil.copytree(tiny_model[0], tmp_path / "run"), shutil.copytree(tiny_model[1], tmp_path / "data")
+    logdir = shutil.copytree(tiny_model[0], tmp_path / "run")
+    data_dir = shutil.copytree(tiny_model[1], tmp_path / "data")
     saved = json.loads((logdir / "hparams.json").read_text())
     (logdir / "hparams.json").write_text(json.dumps(dict(saved, data_dir=str(data_dir))))
     return logdir, data_dir
@@ -340,6 +340,7 @@ def test_a_read_only_logdir_and_data_dir_are_one_line(model, tmp_path):
     assert lines["avg_checkpoints.py"] == "error: %s is on a read-only file system: pass a path on a writable one " \
                                           "(or remount it read-write)" % (logdir / "train.lock")
     assert lines["test.py --testdir elsewhere"] == "ok"  # reading a read-only logdir and data dir is fine
+    assert lines["export.py from a read-only logdir"] == "ok"
     assert lines["train.py over a read-only data dir"] == "ok"
 
 
@@ -395,7 +396,8 @@ def test_every_float_flag_of_every_tool_refuses_nan_and_infinity(model, tmp_path
                "translate.py": translate.build_parser(), "export.py": export.build_parser(),
                "prepro.py": prepro.build_parser()}
     base = {"train.py": fresh_train(data_dir, tmp_path / "new")[1:], "test.py": ["--logdir", logdir],
-            "translate.py": ["--logdir", logdir, "eins"], "export.py": ["--logdir", logdir, "--export_dir", tmp_path / "x"],
+            "translate.py": ["--logdir", logdir, "eins"],
+            "export.py": ["--logdir", logdir, "--export_dir", tmp_path / "x"],
             "prepro.py": ["--n_train", "50", "--data_dir", tmp_path / "p"]}
     tried = 0
     for tool, parser in parsers.items():
