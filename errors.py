@@ -83,11 +83,30 @@ def os_error_line(error):
 
 
 def error_line(error):
-    """The one line of an error the user can fix: a UserError's message, or the line of an OSError on a path
-    (os_error_line); None for any other error (a bug: it keeps its traceback)."""
+    """The one line of an error the user can fix: a UserError's message, the line of an OSError on a path
+    (os_error_line) or of a TensorFlow file error (file_op_error_line); None for any other error (a bug: it keeps
+    its traceback)."""
     if isinstance(error, UserError):
         return str(error)
-    return os_error_line(error) if isinstance(error, OSError) else None
+    if isinstance(error, OSError):
+        return os_error_line(error)
+    return file_op_error_line(error)
+
+
+def file_op_error_line(error):
+    """TensorFlow's file operations (checkpoints, summaries) fail with an OpError that carries no errno but the C
+    library's message after the path: when its first line holds the message of an errno of PATH_PROBLEMS (or a
+    full disk), that line and what to do; else None. Told by its module, so that TensorFlow is not imported here."""
+    if not type(error).__module__.startswith("tensorflow"):
+        return None
+    text = str(getattr(error, "message", "") or error).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    if is_disk_full(error):
+        return "no space left on the device: %s" % first
+    for number, problem in PATH_PROBLEMS.items():
+        if os.strerror(number) in first:
+            return "%s: the path %s" % (first, problem)
+    return None
 
 
 class Terminated(KeyboardInterrupt):
@@ -109,8 +128,8 @@ def end_quietly_on_a_closed_pipe():
 
 def run_cli(main):
     """Runs main() and exits with its code. Every error the user can fix becomes one line on stderr and exit code
-    2: a UserError, and an OSError on a path (missing, not a directory, a directory, read-only, no permission, a
-    full disk). A closed standard output ends the tool quietly (exit code 141, as a process killed by SIGPIPE);
+    2 (error_line): a UserError, and an OSError or TensorFlow file error on a path (missing, not a directory, a
+    directory, read-only, no permission, a full disk). A closed standard output ends the tool quietly (exit code 141, as a process killed by SIGPIPE);
     Ctrl-C or SIGTERM that main() does not handle itself is one line and exit code 130 or 143."""
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -119,7 +138,7 @@ def run_cli(main):
         sys.exit(code)
     except BrokenPipeError:
         end_quietly_on_a_closed_pipe()
-    except (UserError, OSError) as error:
+    except Exception as error:  # noqa: BLE001 (error_line tells what the user can fix; the rest is re-raised)
         line = error_line(error)
         if line is None:
             raise

@@ -307,6 +307,24 @@ def test_real_path_errors_are_one_line_naming_the_path(model, tmp_path, capsys):
         assert message in one_line(capsys, tool, *args), (tool, args)
 
 
+@pytest.mark.parametrize("error_number", [errno.EACCES, errno.EROFS], ids=["EACCES", "EROFS"])
+def test_tensorflow_file_errors_are_one_line_naming_the_path(model, capsys, monkeypatch, error_number):
+    """TensorFlow's file operations raise OpErrors with the C library's message, no errno: the Saver fails here as
+    it does on a logdir that became read-only, or lost its permissions, during training."""
+    logdir, _ = model
+
+    def failing_save(saver, sess, prefix, global_step, **kwargs):
+        raise tf.errors.PermissionDeniedError(None, None, "%s-62.index.tempstate1; %s" % (prefix, os.strerror(
+            error_number)))
+
+    monkeypatch.setattr(tf.compat.v1.train.Saver, "save", failing_save)
+    line = one_line(capsys, "train.py", "--logdir", logdir, "--max_steps", "62", "--lr_schedule", "noam")
+    assert line.startswith("error: %s" % (logdir / "E04_L")) and os.strerror(error_number) in line
+    assert "the path is " in line and "pass a" in line
+    from errors import error_line
+    assert error_line(tf.errors.InvalidArgumentError(None, None, "indices out of range")) is None  # a bug: traceback
+
+
 def test_os_error_lines_say_what_to_do():
     from errors import os_error_line
     for number, phrase in ((errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
