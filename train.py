@@ -462,9 +462,9 @@ def train(hp, manifest, cluster):
             step, epoch, last_ckpt = train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt)
         except FloatingPointError as error:
             events.writer.close()
+            good = last_good_checkpoint(g) or "none: no checkpoint was saved yet"
             raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
-                            "longer --warmup_steps%s" % (error, last_good_checkpoint(g) or "(none: none was saved "
-                                                         "yet)", " or --precision fp32"
+                            "longer --warmup_steps%s" % (error, good, " or --precision fp32"
                                                          if hp.precision != "fp32" else "")) from None
         except (OSError, tf.errors.OpError) as error:  # DiskFull is a UserError, not an OSError
             if not is_disk_full(error):

@@ -492,7 +492,7 @@ def test_plot_attention_has_a_command_line(tiny_model, tmp_path, capsys):
 def test_a_non_finite_loss_before_any_checkpoint_says_none_was_saved(tiny_model, tmp_path, capsys):
     line = one_line(capsys, *fresh_train(tiny_model[1], tmp_path / "run", "--lr", "1e30", "--max_steps", "30",
                                          "--lr_schedule", "noam", "--warmup_steps", "1"))
-    assert "the last good checkpoint is (none: none was saved yet)" in line and "None" not in line
+    assert "the last good checkpoint is none: no checkpoint was saved yet." in line and "None" not in line
 
 
 # ------------------------------------------------------------------------------------------------
