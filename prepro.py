@@ -43,8 +43,8 @@ from corpora import FILE_FLAGS, SPLITS, file_splits, log
 from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from corpora.numbers import numbers_corpus
 from datadir import build_data_dir, check_data_dir
-from textio import SPECIAL_PIECES, check_writable_dir
 from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
+from textio import SPECIAL_PIECES, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}
