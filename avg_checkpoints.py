@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from errors import OneLineParser, UserError, run_cli
+from textio import check_writable_dir
 from utils import AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock
 
 tf1 = tf.compat.v1
@@ -60,8 +61,10 @@ def parse_args(argv):
 def select_checkpoints(logdir, last):
     """The last `last` checkpoints train.py wrote in logdir, oldest first, as listed in its checkpoint state."""
     if not os.path.isdir(logdir):
-        raise UserError("logdir %s not found" % logdir)
+        raise UserError("--logdir %s %s: pass a logdir written by train.py"
+                        % (logdir, "is a file" if os.path.exists(logdir) else "not found"))
     load_trained_hparams(logdir, {})  # refuses a directory that train.py did not write
+    check_writable_dir(logdir, "logdir")  # before the averaging, which a read-only logdir would waste
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     if len(trained) < last:

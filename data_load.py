@@ -250,7 +250,7 @@ def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth
     """
     @functools.lru_cache(maxsize=1)  # an epoch's plan is asked for by num_batches and generate alike
     def plan_of(epoch):
-        rng = np.random.RandomState(seed + epoch) if seed is not None else None
+        rng = np.random.RandomState((seed + epoch) % 2 ** 32) if seed is not None else None  # numpy's seed range
         return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
 
     def plan(epoch):

@@ -21,7 +21,7 @@ import sentencepiece as spm
 
 from corpora import FILE_FLAGS, SIDES, SPLITS, check_same_length, log
 from errors import UserError
-from idsfile import IdsWriter, ids_dtype
+from idsfile import IdsWriter, ids_dtype, map_file, release_pages
 from textio import (SPECIAL_PIECES, UNK_ID, atomic_write, clean_line, iter_lines, line_writer, write_json,
                     write_lines)
 
@@ -254,8 +254,7 @@ def build_data_dir(data_dir, splits, options, sources=None, downloads=None, forc
                             f"dev and test.py on test; give at least one {name} pair")
     with staging_dir(data_dir) as staging:
         cleaned = {split: clean_split(staging, split, *splits[split], options["dedup"]) for split in SPLITS}
-        if not cleaned["train"].keep.any():
-            raise UserError("no training pairs are left after dropping empty ones; check the train files")
+        check_cleaned(cleaned, sources)
         processor, bpe_training = write_bpe_model(staging, cleaned["train"], options["vocab_size"],
                                                   sample_sentences)
         split_reports = {}
@@ -266,6 +265,29 @@ def build_data_dir(data_dir, splits, options, sources=None, downloads=None, forc
         write_json(staging / MANIFEST_NAME, manifest)
         publish(staging, data_dir)
     return manifest
+
+
+def check_cleaned(cleaned, sources):
+    """Refuses splits that cleaning left without a usable pair (a dev or test split of blank lines would score BLEU
+    on nothing), and warns about splits whose target repeats the source on most lines (the same file given twice,
+    or an untranslated corpus)."""
+    if not cleaned["train"].keep.any():
+        raise UserError("no training pairs are left after dropping empty ones; check the train files")
+    for split in ("eval", "test"):
+        if cleaned[split].empty_pairs == cleaned[split].input_lines:
+            name = "dev" if split == "eval" else "test"
+            raise UserError(f"every pair of the {name} split has a blank side ({describe_sides(split, sources)}): "
+                            f"there is nothing to score BLEU on; give {name} files with text on both sides")
+    for split in SPLITS:
+        clean = cleaned[split]
+        pairs = clean.input_lines - clean.empty_pairs
+        if pairs and clean.identical_pairs > IDENTICAL_SHARE * pairs:
+            log(f"warning: the target is identical to the source in {clean.identical_pairs} of the {pairs} "
+                f"{split} pairs ({describe_sides(split, sources)}): is one file given for both sides?")
+
+
+#: The share of a split's pairs with target == source above which prepro warns (see check_cleaned).
+IDENTICAL_SHARE = 0.5
 
 
 def describe_sides(split, sources):
@@ -319,12 +341,14 @@ def build_manifest(options, processor, inputs, downloads, split_reports, bpe_tra
 @dataclasses.dataclass
 class CleanSplit:
     """A split cleaned into two staging files (clean1, clean2) in step, and what cleaning found: input_lines,
-    empty_pairs, duplicate_pairs, and keep, (lines,) bool: the lines that stay (all but repeats with --dedup)."""
+    empty_pairs, duplicate_pairs, identical_pairs (target == source), and keep, (lines,) bool: the lines that stay
+    (all but repeats with --dedup)."""
     clean1: Path
     clean2: Path
     input_lines: int
     empty_pairs: int
     duplicate_pairs: int
+    identical_pairs: int
     keep: np.ndarray
 
     def pairs(self):
@@ -336,7 +360,7 @@ def clean_split(staging, split, lines1, lines2, dedup):
     """Clean a split line by line into staging/SPLIT.clean.1 and .2 (see textio.clean_line). Train leaves out pairs
     with an empty side, and with ``dedup`` keeps the first of repeated pairs only. Returns a CleanSplit."""
     clean1, clean2 = staging / f"{split}.clean.1", staging / f"{split}.clean.2"
-    hashes, empty, lines = array.array("Q"), 0, 0
+    hashes, empty, lines, identical = array.array("Q"), 0, 0, 0
     with line_writer(clean1) as write1, line_writer(clean2) as write2:
         for lines, (source, target) in enumerate(progress(zip(lines1, lines2), f"cleaning {split}"), 1):
             source, target = clean_line(source), clean_line(target)
@@ -346,12 +370,13 @@ def clean_split(staging, split, lines1, lines2, dedup):
                     continue
             else:
                 hashes.append(pair_hash(source, target))
+                identical += source == target
             write1(source)
             write2(target)
     first = first_occurrences(hashes)
     written = lines - empty if split == "train" else lines
     keep = first if split == "train" and dedup else np.ones(written, bool)
-    return CleanSplit(clean1, clean2, lines, empty, len(hashes) - int(first.sum()), keep)
+    return CleanSplit(clean1, clean2, lines, empty, len(hashes) - int(first.sum()), identical, keep)
 
 
 def write_bpe_model(data_dir, train, vocab_size, sample_sentences):
@@ -427,3 +452,85 @@ def describe_split(split, report, options):
     return (f"train: {report['lines']} of {report['input_lines']} pairs kept; {report['dropped_empty']} with an "
             f"empty side dropped; {report['duplicate_pairs']} repeated pairs ({duplicates}); "
             f"{report['ratio_outliers']} with length ratio > {options['max_ratio']:g} ({outliers})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking a data directory before it is used
+
+
+#: Ids checked at a time for their range (their pages are handed back after each chunk: idsfile.release_pages).
+RANGE_CHECK_IDS = 1 << 24
+
+
+def damaged(data_dir, what):
+    """The UserError for a data dir whose file is missing or damaged: what is wrong, and to rebuild it."""
+    return UserError(f"{what}: the data dir is damaged; rebuild it with `python prepro.py --data_dir {data_dir} "
+                     "--force` and the options it was built with")
+
+
+def count_lines(path):
+    """The lines of a text file as read_lines counts them (a last line without '\\n' counts), read in chunks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def check_files(data_dir, manifest, splits):
+    """Refuses, with one line naming the file and saying to rebuild with prepro.py --force, a data dir whose
+    sentencepiece model is missing, unreadable or not the one of its bpe.vocab, or where a file of one of
+    ``splits`` is missing, holds another number of lines than the manifest says (each side, the references too)
+    or ids outside the vocabulary. Tools call it before any work: a mismatch found at the end would cost the run."""
+    data_dir = Path(data_dir)
+    files = [manifest["bpe_model"], manifest["bpe_vocab"]]
+    keys = ("raw1", "raw2") + (("ids1", "offsets1", "ids2", "offsets2") if manifest.get("format", 1) >= 2
+                               else ("bpe1", "bpe2"))
+    files += [manifest["splits"][split][key] for split in splits for key in keys]
+    for name in files:
+        if not (data_dir / name).is_file():
+            raise damaged(data_dir, f"{data_dir / name} is missing")
+    check_bpe_model(data_dir, manifest)
+    for split in splits:
+        check_split(data_dir, manifest, split)
+
+
+def check_bpe_model(data_dir, manifest):
+    """bpe.model loads, and its pieces are those of bpe.vocab (the vocabulary the model's ids index)."""
+    model_path, vocab_path = data_dir / manifest["bpe_model"], data_dir / manifest["bpe_vocab"]
+    try:
+        processor = spm.SentencePieceProcessor(model_file=str(model_path))
+    except (RuntimeError, OSError) as error:
+        raise damaged(data_dir, f"{model_path} is not a sentencepiece model ({str(error).splitlines()[0][:100]})")
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    if pieces != [line.split("\t")[0] for line in iter_lines(vocab_path)]:
+        raise damaged(data_dir, f"{model_path} does not hold the pieces of {vocab_path} (another corpus's model?)")
+
+
+def check_split(data_dir, manifest, split):
+    """Every side of a split, and its references, has the manifest's number of lines; ids are in range."""
+    entry, expected = manifest["splits"][split], manifest["splits"][split]["lines"]
+    counts = {}
+    for side in SIDES:
+        if manifest.get("format", 1) >= 2:
+            counts[entry[f"offsets{side}"]] = (data_dir / entry[f"offsets{side}"]).stat().st_size // 8 - 1
+            check_ids_range(data_dir, data_dir / entry[f"ids{side}"], manifest)
+        else:
+            counts[entry[f"bpe{side}"]] = count_lines(data_dir / entry[f"bpe{side}"])
+        if split != "train":  # train's text is not read by training, and may be large
+            counts[entry[f"raw{side}"]] = count_lines(data_dir / entry[f"raw{side}"])
+    wrong = {name: count for name, count in counts.items() if count != expected}
+    if wrong:
+        found = ", ".join(f"{name} {count}" for name, count in counts.items())
+        raise damaged(data_dir, f"the {split} split of {data_dir} should have {expected} lines in each file "
+                                f"(manifest.json) but has: {found}")
+
+
+def check_ids_range(data_dir, path, manifest):
+    """Every id of an .ids file is below the vocabulary's size."""
+    ids = map_file(path, manifest["ids_dtype"]) if path.stat().st_size else []
+    for start in range(0, len(ids), RANGE_CHECK_IDS):
+        chunk = ids[start:start + RANGE_CHECK_IDS]
+        if int(chunk.max()) >= manifest["vocab_size"] or int(chunk.min()) < 0:
+            raise damaged(data_dir, f"{path} holds ids outside the vocabulary's {manifest['vocab_size']} pieces")
+        release_pages(chunk)

@@ -9,6 +9,7 @@ import argparse
 import errno
 import os
 import shutil
+import signal
 import sys
 
 #: The exit code of a user error (argparse's own, so that a bad flag and a bad file look alike).
@@ -53,23 +54,101 @@ def report(message):
     print("error: %s" % message, file=sys.stderr)
 
 
+#: What an OSError's errno means for the path it names, and what to do about it.
+PATH_PROBLEMS = {
+    errno.ENOENT: "does not exist (or a directory above it does not): check the path",
+    errno.ENOTDIR: "has a file where a directory belongs in it: check the path",
+    errno.EISDIR: "is a directory where a file belongs: name a file",
+    errno.EROFS: "is on a read-only file system: pass a path on a writable one (or remount it read-write)",
+    errno.EACCES: "is not accessible (permission denied): change its permissions or pass another path",
+    errno.EPERM: "is not accessible (operation not permitted): change its permissions or pass another path",
+    errno.ENAMETOOLONG: "is too long a name: pass a shorter path",
+    errno.EEXIST: "already exists: remove it or pass another path",
+    errno.ENOTEMPTY: "is a directory that is not empty: remove it or pass another path",
+    errno.ELOOP: "has too many levels of symbolic links: check the path",
+}
+
+
+def os_error_line(error):
+    """The one line of an OSError that names a path (or has an errno): what went wrong with which path and what
+    to do; None for one that carries neither (a bug, not the user's machine: it keeps its traceback)."""
+    if is_disk_full(error):
+        return "no space left on the device%s (%s free)" % (
+            " while writing %s" % error.filename if error.filename else "", free_space(error.filename or "."))
+    if error.errno is None:
+        return None
+    where = " and ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+    problem = PATH_PROBLEMS.get(error.errno, "gives an error: %s" % (error.strerror or os.strerror(error.errno)))
+    return "%s %s" % (where, problem) if where else "%s (%s)" % (error.strerror, errno.errorcode.get(error.errno))
+
+
+def error_line(error):
+    """The one line of an error the user can fix: a UserError's message, the line of an OSError on a path
+    (os_error_line) or of a TensorFlow file error (file_op_error_line); None for any other error (a bug: it keeps
+    its traceback)."""
+    if isinstance(error, UserError):
+        return str(error)
+    if isinstance(error, OSError):
+        return os_error_line(error)
+    return file_op_error_line(error)
+
+
+def file_op_error_line(error):
+    """TensorFlow's file operations (checkpoints, summaries) fail with an OpError that carries no errno but the C
+    library's message after the path: when its first line holds the message of an errno of PATH_PROBLEMS (or a
+    full disk), that line and what to do; else None. Told by its module, so that TensorFlow is not imported here."""
+    if not type(error).__module__.startswith("tensorflow"):
+        return None
+    text = str(getattr(error, "message", "") or error).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    if is_disk_full(error):
+        return "no space left on the device: %s" % first
+    for number, problem in PATH_PROBLEMS.items():
+        if os.strerror(number) in first:
+            return "%s: the path %s" % (first, problem)
+    return None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that its `finally` blocks and atomic writes clean up as for Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def end_quietly_on_a_closed_pipe():
+    """Standard output was closed by its reader (`tool | head -1`): end as cat does, without a word. Standard
+    output is pointed at /dev/null so that Python's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(128 + signal.SIGPIPE)
+
+
 def run_cli(main):
-    """Runs main() and exits with its code; a UserError or a full disk becomes one line on stderr and exit code 2,
-    a Ctrl-C that main() does not handle itself one line and exit code 130."""
+    """Runs main() and exits with its code. Every error the user can fix becomes one line on stderr and exit code
+    2 (error_line): a UserError, and an OSError or TensorFlow file error on a path (missing, not a directory, a
+    directory, read-only, no permission, a full disk). A closed standard output ends the tool quietly (exit code 141, as a process killed by SIGPIPE);
+    Ctrl-C or SIGTERM that main() does not handle itself is one line and exit code 130 or 143."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        sys.exit(main())
-    except UserError as error:
-        report(error)
-        sys.exit(USER_ERROR_EXIT_CODE)
-    except OSError as error:  # a full disk where no caller names what was written (e.g. translate.py --output)
-        if not is_disk_full(error):
+        code = main()
+        sys.stdout.flush()  # here, not at exit: a closed pipe must end in the handler below
+        sys.exit(code)
+    except BrokenPipeError:
+        end_quietly_on_a_closed_pipe()
+    except Exception as error:  # noqa: BLE001 (error_line tells what the user can fix; the rest is re-raised)
+        line = error_line(error)
+        if line is None:
             raise
-        report("no space left on the device%s (%s free)" % (
-            " while writing %s" % error.filename if error.filename else "", free_space(error.filename or ".")))
+        report(line)
         sys.exit(USER_ERROR_EXIT_CODE)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class OneLineParser(argparse.ArgumentParser):

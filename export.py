@@ -21,6 +21,7 @@ import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
+import shlex
 import shutil
 import tempfile
 
@@ -31,6 +32,7 @@ from data_load import PAD_ID
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
 from model import Transformer
+from textio import check_writable_dir
 from utils import (load_trained_hparams, pinned_checkpoint, resolve_precision, restore, session_config,
                    trained_model_files)
 
@@ -39,8 +41,8 @@ tf1 = tf.compat.v1
 DECODING_FLAGS = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
 
 
-def parse_args(argv):
-    """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given on top."""
+def build_parser():
+    """The command line of export.py."""
     parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel (signature "
                                                  "serving_default: src_ids -> ids, scores) with its sentencepiece "
                                                  "model among the assets.", unrecognized_hint=TRAINED_FLAGS_HINT)
@@ -56,12 +58,22 @@ def parse_args(argv):
     parser.add_argument("--format", choices=["savedmodel", "ctranslate2"], default="savedmodel",
                         help="savedmodel (default): a TensorFlow SavedModel; ctranslate2: a CTranslate2 model "
                              "directory for translate.py --engine ctranslate2 (needs the ctranslate2 package)")
-    parser.add_argument("--quantization", choices=["float32", "int8", "int16"], default="float32",
-                        help="weight type of --format ctranslate2 (default float32)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--quantization", choices=["float32", "int8", "int16"],
+                        help="weight type of --format ctranslate2 (default float32); the SavedModel is float32")
+    return parser
+
+
+def parse_args(argv):
+    """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given on top."""
+    args = build_parser().parse_args(argv)
+    if args.quantization and args.format != "ctranslate2":
+        raise UserError("--quantization %s applies to --format ctranslate2 only: the SavedModel holds the float32 "
+                        "weights; add --format ctranslate2, or leave --quantization out" % args.quantization)
+    args.quantization = args.quantization or "float32"
     hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in DECODING_FLAGS
                                             if getattr(args, flag) is not None})
     resolve_precision(hp)
+    check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
                         % args.export_dir)
@@ -133,14 +145,14 @@ def main(argv=None):
     if args.format == "ctranslate2":
         export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""
-              % (os.path.basename(ckpt), args.quantization, args.export_dir, args.export_dir))
+              % (os.path.basename(ckpt), args.quantization, args.export_dir, shlex.quote(args.export_dir)))
         return 0
     with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)
     print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
-          % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, args.export_dir))
+          % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, shlex.quote(args.export_dir)))
     return 0
 
 

@@ -6,6 +6,7 @@ Hyperparameters flow one way: argparse -> namespace -> `hparams.json` in the log
     hp = Hparams().parser.parse_args(["--data_dir", "data/numbers"])
 """
 import argparse
+import json
 import math
 
 from errors import OneLineParser
@@ -164,8 +165,9 @@ def explicit_flags(argv, only=None, prog=None):
 
 #: What flags added after the first release meant before they existed: a logdir whose hparams.json lacks one was
 #: trained with this value (not the flag's current default).
-#: vocab_sha256 (not a flag: train.py records the data dir's) None: unknown, only the vocabulary's size is checked.
-LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "vocab_sha256": None}
+#: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, utils.fingerprint) None: unknown, not
+#: compared (the vocabulary's size still is, and a data dir's bpe.model must match its bpe.vocab).
+LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "vocab_sha256": None, "bpe_sha256": None}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from the command line.
 MODEL_FLAGS = ("d_model", "d_ff", "num_blocks", "num_heads", "norm_type", "vocab_size")
@@ -195,18 +197,22 @@ RANGES = {
     "beam_size": at_least(1), "alpha": at_least(0), "max_len_a": at_least(0),
     "max_len_b": at_least(1),  # at least one decoding step, whatever the source length
     "test_batch_size": at_least(1), "nbest": at_least(1),
+    "seed": in_range(0, 2 ** 32, "from 0 to 2^32 - 1 (4294967295)"),  # numpy's and TensorFlow's seed range
 }
 
 
-def range_error(hp, flags=None):
+def range_error(hp, flags=None, where=None):
     """The first flag of hp (of `flags`, default every flag) outside its range, or a pair of flags that do not go
-    together, as one sentence for the user; None when every value is valid."""
+    together, as one sentence for the user; None when every value is valid. where: the file the values come from
+    (hparams.json), named instead of the command line."""
     values = vars(hp)
     for flag, (valid, must_be) in RANGES.items():
         value = values.get(flag)
         if value is None or (flags is not None and flag not in flags):
             continue
         if not (math.isfinite(value) and valid(value)):
+            if where:
+                return "%s: %s is %s, out of range: it must be %s" % (where, flag, value, must_be)
             return "--%s %s is out of range: it must be %s" % (flag, value, must_be)
     if values.get("d_model") and values.get("num_heads") and values["d_model"] % values["num_heads"]:
         return "--num_heads %d must divide --d_model %d" % (values["num_heads"], values["d_model"])
@@ -215,4 +221,38 @@ def range_error(hp, flags=None):
         return ("--batch_size %d tokens cannot hold a pair of --maxlen1 %d / --maxlen2 %d pieces: raise it to %d, "
                 "lower --maxlen1/--maxlen2, or pass --batch_type sentences"
                 % (values["batch_size"], values["maxlen1"], values["maxlen2"], longest))
+    return None
+
+
+#: The types of the values hparams.json holds besides flags (train.py records them from the data dir).
+RECORDED_TYPES = {"vocab_size": (int,), "vocab_sha256": (str, type(None)), "bpe_sha256": (str, type(None)),
+                  "data_dir": (str,)}
+#: How the types a value may have are named to the user.
+TYPE_NAMES = {(int,): "an integer", (float, int): "a number", (str,): "a string", (bool,): "true or false",
+              (str, type(None)): "a string or null"}
+
+
+def expected_types(action):
+    """The Python types a value of an argparse action may have in hparams.json: a float flag takes integers."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return (bool,)
+    return {int: (int,), float: (float, int)}.get(action.type, (str,))
+
+
+def type_error(saved, fpath):
+    """The first value of a hparams.json dict (read from fpath) whose type does not fit its flag (or its recorded
+    key, RECORDED_TYPES) or that is not among the flag's choices, as one sentence naming the file and the key;
+    None when all fit. Hand edits are where these come from."""
+    actions = {action.dest: action for action in Hparams().parser._actions}
+    for key, value in saved.items():
+        types = expected_types(actions[key]) if key in actions else RECORDED_TYPES.get(key)
+        if types is None:
+            continue
+        if type(value) not in types:  # type(): true is no integer here, although bool subclasses int
+            return ("%s: %s is %s but must be %s: fix it, or restore the file from a copy"
+                    % (fpath, key, json.dumps(value), TYPE_NAMES[types]))
+        choices = actions[key].choices if key in actions else None
+        if choices and value not in choices:
+            return ("%s: %s is %s but must be one of %s: fix it, or restore the file from a copy"
+                    % (fpath, key, json.dumps(value), ", ".join(choices)))
     return None

@@ -1,5 +1,10 @@
 """PNG heat maps of attention weights and of the positional encoding (used by `translate.py --plot_attention`).
 
+    python plot_attention.py --logdir runs/numbers --dir plots "Er zählt bis elf." ["another sentence" ...]
+
+draws DIR/positional_encoding.png and, per sentence, DIR/NNNN.png with the cross-attention heads of the last
+decoder block, and prints the translations: translate.py --plot_attention DIR with the sentences given.
+
 The only module of the toolkit that imports matplotlib; it draws with the Agg backend, so no display is needed.
 """
 import math
@@ -8,6 +13,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from errors import OneLineParser, run_cli  # noqa: E402
 
 #: Largest number of head panels side by side.
 MAX_COLUMNS = 4
@@ -52,3 +59,23 @@ def plot_positional_encoding(encoding, fpath):
     fig.colorbar(image, ax=ax)
     fig.savefig(fpath, dpi=100)
     plt.close(fig)
+
+
+def main(argv=None):
+    """The command line: translate.py --plot_attention DIR for the sentences given (see the module docstring)."""
+    parser = OneLineParser(prog="plot_attention.py", description="Translate sentences with a trained model and "
+                                                                 "draw the cross-attention heads of its last decoder "
+                                                                 "block as PNGs (translate.py --plot_attention).")
+    parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
+    parser.add_argument("--dir", required=True, help="where the PNGs go: positional_encoding.png and NNNN.png, "
+                                                     "NNNN the sentence's number counted from 1")
+    parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in --logdir")
+    parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate and draw")
+    args = parser.parse_args(argv)
+    import translate  # TensorFlow only once the command line is known to be good
+    return translate.main(["--logdir", args.logdir, "--plot_attention", args.dir]
+                          + (["--ckpt", args.ckpt] if args.ckpt else []) + ["--"] + args.sentences)
+
+
+if __name__ == "__main__":
+    run_cli(main)

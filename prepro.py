@@ -34,6 +34,7 @@ with the same inputs and options does nothing; other inputs or options need anot
 --force.
 """
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -42,7 +43,8 @@ from corpora import FILE_FLAGS, SPLITS, file_splits, log
 from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from corpora.numbers import numbers_corpus
 from datadir import build_data_dir, check_data_dir
-from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, report
+from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
+from textio import SPECIAL_PIECES, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}
@@ -123,10 +125,13 @@ def check_flags(parser, args):
         missing = [f"--{flag}" for flag in FILE_FLAGS.values() if getattr(args, flag) is None]
         if missing:
             parser.error(f"--dataset files needs {', '.join(missing)}")
-    if args.vocab_size is not None and args.vocab_size < 1:
-        parser.error("--vocab_size must be positive")
-    if args.max_ratio <= 1:
-        parser.error("--max_ratio must be greater than 1")
+    if args.vocab_size is not None and args.vocab_size <= len(SPECIAL_PIECES):
+        parser.error(f"--vocab_size {args.vocab_size} is too small: the {len(SPECIAL_PIECES)} special pieces "
+                     "(<pad> <unk> <s> </s>) come on top of one piece per character of the corpus")
+    if not (math.isfinite(args.max_ratio) and args.max_ratio > 1):
+        parser.error(f"--max_ratio {args.max_ratio} is out of range: it must be a finite number greater than 1")
+    if args.seed is not None and not 0 <= args.seed < 2 ** 32:
+        parser.error(f"--seed {args.seed} is out of range: it must be from 0 to 2^32 - 1 (4294967295)")
 
 
 def build_options(args):
@@ -169,10 +174,14 @@ def main(argv=None):
     started = time.monotonic()
     try:
         check_data_dir(data_dir)
+        check_writable_dir(data_dir, "data_dir")  # before a download or a build, which a read-only one would waste
         splits, sources, downloads = load_corpus(args, options, data_dir)
         manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force)
-    except (UserError, OSError) as error:
-        report(error)
+    except (UserError, OSError) as error:  # prepro.py's main returns its exit code: errors.run_cli's lines
+        line = error_line(error)
+        if line is None:
+            raise
+        report(line)
         return USER_ERROR_EXIT_CODE
     except KeyboardInterrupt:
         print(f"prepro.py: interrupted; {data_dir} has no new manifest, run again to finish", file=sys.stderr)
@@ -184,4 +193,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

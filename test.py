@@ -19,7 +19,7 @@ from data_load import eval_order, get_batch
 from model import Transformer
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from textio import atomic_write
+from textio import atomic_write, check_writable_dir
 from utils import (calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision,
                    restore, session_config, split_paths, trained_model_files)
 
@@ -32,6 +32,8 @@ def parse_args(argv):
     args, given = parse_flags(Hparams(DECODING_FLAGS + ("testdir",), "test.py").parser, argv)
     hp = load_trained_hparams(args.logdir, given)
     resolve_precision(hp)
+    hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
+    check_writable_dir(hp.testdir, "testdir")  # before the decode, which a bad --testdir would waste
     return hp
 
 
@@ -40,7 +42,7 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp = parse_args(argv)
-    manifest, ckpt = trained_model_files(hp, hp.ckpt)
+    manifest, ckpt = trained_model_files(hp, hp.ckpt, ("test",))
     files = split_paths(hp.data_dir, manifest, "test")
     batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None, hp.test_batch_size)
     if not num_sentences:
@@ -62,13 +64,12 @@ def main(argv=None):
         seconds = time.time() - start
     bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
 
-    testdir = hp.testdir or os.path.join(hp.logdir, "test")
-    atomic_write(os.path.join(testdir, "hypotheses.txt"), "".join(h + "\n" for h in hypotheses))
+    atomic_write(os.path.join(hp.testdir, "hypotheses.txt"), "".join(h + "\n" for h in hypotheses))
     results = {"bleu": round(bleu, 2), "signature": signature, "sentences": num_sentences, "checkpoint": ckpt,
                "beam_size": hp.beam_size, "alpha": hp.alpha, "seconds": round(seconds, 2)}
-    atomic_write(os.path.join(testdir, "results.json"), json.dumps(results, indent=2) + "\n")
+    atomic_write(os.path.join(hp.testdir, "results.json"), json.dumps(results, indent=2) + "\n")
     print("BLEU = %.2f  %s  (%d sentences, %s, beam %d, %.1f s) -> %s"
-          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds, testdir))
+          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds, hp.testdir))
     return 0
 
 

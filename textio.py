@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import tempfile
 import unicodedata
 import uuid
 import zlib
@@ -27,19 +28,19 @@ SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_I
 # Atomic writes
 
 
-def atomic_write(path, data):
-    """Write ``data`` (bytes, or str as UTF-8) to a temporary file beside ``path``, fsync it and rename it into
-    place, so that a reader (or a kill -9) sees the old file or the new one, never a torn one. On any error the
-    temporary file is removed and the old file (if any) is untouched; a full disk is raised as a DiskFull naming
-    ``path``."""
+@contextlib.contextmanager
+def atomic_file(path, text=False):
+    """Yields a new file object (binary, or UTF-8 text with '\\n' line endings) on a temporary file beside
+    ``path``; when the block ends, the file is fsynced and renamed into place, so that a reader (or a kill -9)
+    sees the old file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see
+    errors.run_cli) the temporary file is removed and the old file (if any) is untouched; a full disk is raised
+    as a DiskFull naming ``path``, another OSError of the temporary file as one naming ``path``."""
     path = Path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     temp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(temp_path, "xb") as handle:
-            handle.write(data)
+        with (open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb")) as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_path, path)
@@ -47,7 +48,57 @@ def atomic_write(path, data):
         temp_path.unlink(missing_ok=True)
         if isinstance(error, OSError) and is_disk_full(error):
             raise DiskFull(str(path), str(path)) from None
+        if isinstance(error, OSError) and error.filename == str(temp_path):  # name the file, not its temporary
+            raise OSError(error.errno, error.strerror, str(path)) from None
         raise
+
+
+def atomic_write(path, data):
+    """Write ``data`` (bytes, or str as UTF-8) to ``path`` at once (see atomic_file)."""
+    with atomic_file(path) as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def nearest_existing(path):
+    """``path`` itself or the nearest directory above it that exists."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable_dir(path, flag):
+    """Raises UserError unless ``path`` (given as --flag) is, or can be created as, a directory that this process
+    can write files in; creates nothing. Tools call it before any work, so that a bad path never costs a run."""
+    existing = nearest_existing(path)
+    if not existing.is_dir():
+        where = f"{path} is" if existing == Path(os.path.abspath(path)) else f"{existing}, above {path}, is"
+        raise UserError(f"--{flag} {path}: {where} a file, not a directory; pass a directory")
+    _probe(existing, flag, path)
+
+
+def check_writable_file(path, flag):
+    """Raises UserError unless ``path`` (given as --flag) names a file, not a directory, in an existing directory
+    that this process can write files in; creates nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--{flag} {path} is a directory: name a file")
+    if not path.parent.is_dir():
+        what = "is a file" if path.parent.exists() else "does not exist"
+        raise UserError(f"--{flag} {path}: its directory {path.parent} {what}; create the directory or name a "
+                        "file in one that exists")
+    _probe(path.parent, flag, path)
+
+
+def _probe(directory, flag, path):
+    """Creates and removes a temporary file in ``directory``: the one test of writability that holds for root, a
+    read-only mount and full quotas alike."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise UserError(f"--{flag} {path}: cannot write in {directory} ({error.strerror}); pass a path where "
+                        "files can be written") from None
 
 
 def write_lines(path, lines):

@@ -23,6 +23,7 @@ import math
 import signal
 import shutil
 import struct
+import sys
 
 import numpy as np
 import sentencepiece as spm
@@ -33,11 +34,11 @@ from data_load import eval_order, get_batch
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, parse_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
-from textio import atomic_write
-from utils import (Progress, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint,
+from textio import atomic_write, check_writable_dir
+from utils import (Progress, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint, fingerprint,
                    get_hypotheses, is_averaged, load_manifest, load_trained_hparams, logdir_lock, read_lines,
                    remove_stale_pins, resolve_precision, restore, save_hparams, save_variable_specs, session_config,
-                   split_paths, vocab_sha256)
+                   split_paths)
 
 tf1 = tf.compat.v1
 
@@ -45,8 +46,8 @@ tf1 = tf.compat.v1
 def resolve_hparams(argv):
     """Command-line flags, or on resume the logdir's hparams.json overridden by the flags given explicitly.
 
-    The model's shape can not change on resume, nor its vocabulary: vocab_size and vocab_sha256 come from the data
-    dir. Every flag's range is checked before anything is built.
+    The model's shape can not change on resume, nor its vocabulary: vocab_size, vocab_sha256 and bpe_sha256 come
+    from the data dir. Every flag's range is checked before anything is built.
     """
     hp, given = parse_flags(Hparams(prog="train.py").parser, argv)
     trained_data_dir = None
@@ -54,10 +55,10 @@ def resolve_hparams(argv):
         hp = load_trained_hparams(hp.logdir, given)
         trained_data_dir = vars(hp).pop("trained_data_dir")
     check_ranges(hp)
-    manifest = load_manifest(hp.data_dir, trained_data_dir, hp.logdir)
+    manifest = load_manifest(hp.data_dir, trained_data_dir, hp.logdir, ("train", "eval"))
     if trained_data_dir:
         check_vocab(hp, manifest, trained_data_dir)
-    hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(hp.data_dir, manifest)
+    vars(hp).update(fingerprint(hp.data_dir, manifest))
     resolve_precision(hp)
     return hp, manifest
 
@@ -275,6 +276,20 @@ def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     return bleu
 
 
+def evaluate_or_save(sess, g, hp, sp, references, writer, step, epoch, epoch_step, name):
+    """evaluate(), and when it fails, the weights it was scoring saved as NAME-STEP before the error goes on: an
+    evaluation never loses what training did. Not when the failure is about the weights themselves (non-finite
+    decoding scores: FloatingPointError) or is a full disk (DiskFull), where nothing may or can be saved."""
+    try:
+        return evaluate(sess, g, hp, sp, references, writer, step, epoch)
+    except (FloatingPointError, DiskFull):
+        raise
+    except Exception:
+        print("the dev evaluation failed; saved the weights of step %d as %s first"
+              % (step, save(sess, g, hp, epoch, epoch_step, name)), file=sys.stderr, flush=True)
+        raise
+
+
 def save(sess, g, hp, epoch, epoch_step, name):
     """Saves weights, optimizer state and [epoch, epoch_step] as logdir/name-STEP. Returns the path.
     A full disk is a DiskFull, with every file of the half-written checkpoint removed."""
@@ -403,6 +418,7 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     logdir, chief = Hparams(prog="train.py").parser.parse_args(argv).logdir, distributed.is_chief_task()
+    check_writable_dir(logdir, "logdir")
     with contextlib.ExitStack() as lock:
         if chief and os.path.isdir(logdir):  # first: its hparams.json may be another run's, being written
             lock.enter_context(logdir_lock(logdir))
@@ -446,8 +462,9 @@ def train(hp, manifest, cluster):
             step, epoch, last_ckpt = train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt)
         except FloatingPointError as error:
             events.writer.close()
+            good = last_good_checkpoint(g) or "none: no checkpoint was saved yet"
             raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
-                            "longer --warmup_steps%s" % (error, last_good_checkpoint(g), " or --precision fp32"
+                            "longer --warmup_steps%s" % (error, good, " or --precision fp32"
                                                          if hp.precision != "fp32" else "")) from None
         except (OSError, tf.errors.OpError) as error:  # DiskFull is a UserError, not an OSError
             if not is_disk_full(error):
@@ -483,7 +500,9 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
                                                            hp.summary_every, stop, budget)
         if stop.signal:
             events.writer.close()
-            if cluster.is_chief:
+            if not step:  # weights never trained are not worth a checkpoint that tools would take for a model
+                print("%s: stopped before the first step; nothing to save" % stop.signal)
+            elif cluster.is_chief:
                 last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
                 print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
             else:
@@ -499,7 +518,7 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
                   or time.time() >= budget.deadline)
         if ending or (hp.eval_every and epoch % hp.eval_every == 0):
             eval_start = time.time()
-            bleu = evaluate(sess, g, hp, sp, references, events.writer, step, epoch)
+            bleu = evaluate_or_save(sess, g, hp, sp, references, events.writer, step, epoch, epoch_step, name)
             budget.record_eval(time.time() - eval_start)
             name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
         last_ckpt = save(sess, g, hp, epoch, epoch_step, name)

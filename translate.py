@@ -20,10 +20,13 @@ LINE counted from 0, best first). Notes go to standard error:
     (with --nbest, entry k joins the k-th best of every part, and its score is the sum of their scores);
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is translated;
     on standard input such a line gives an empty translation and a note, and translation goes on.
+--output FILE is written beside FILE and renamed into place when translation ends: an interrupted run leaves the
+old FILE (if any) as it was. --output and --plot_attention are checked before the model is loaded.
 --plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE counted
 from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last decoder block.
 """
 import argparse
+import contextlib
 import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
@@ -40,7 +43,8 @@ from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
-from textio import EOS_ID, PAD_ID, UNK_ID, clean_line, decode_lines
+from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
+                    decode_lines)
 from utils import (check_ranges, load_trained_hparams, postprocess, resolve_precision, restore, session_config,
                    trained_model_files)
 
@@ -95,6 +99,10 @@ def parse_args(argv):
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     check_ranges(args, ("nbest",))
+    if args.output:
+        check_writable_file(args.output, "output")
+    if args.plot_attention:
+        check_writable_dir(args.plot_attention, "plot_attention")
     if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
     return hp, args
@@ -362,16 +370,14 @@ def main(argv=None):
         translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
     plots = AttentionPlots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(translator.close)
+        # --output FILE is written beside FILE and renamed into place at the end: an interruption keeps the old FILE
+        out = stack.enter_context(atomic_file(args.output, text=True)) if args.output else sys.stdout
         if args.input or args.sentences:
             translate_all(translator, lines, sp, limit, args, plots, out, "line" if args.input else "sentence")
         else:
             translate_stream(translator, sp, limit, args, plots, out)
-    finally:
-        translator.close()
-        if args.output:
-            out.close()
     return 0
 
 

@@ -22,10 +22,11 @@ import sacrebleu
 import tensorflow as tf
 from tqdm import tqdm
 
+import datadir
 import runtime
 import textio
 from errors import DiskFull, UserError, is_disk_full
-from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error
+from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error, type_error
 from model import SCHEDULE_TOTAL_STEPS
 # read_lines: for the tools that import it from here
 from textio import EOS_ID, PAD_ID, atomic_write, read_lines  # noqa: F401
@@ -102,6 +103,9 @@ def load_trained_hparams(logdir, overrides):
                              "was trained with (see %s/specs.txt for its shape)" % logdir)
     if not isinstance(saved, dict):
         raise UserError("%s is not valid JSON for hyperparameters (not an object): restore it from a copy" % fpath)
+    problem = type_error(saved, fpath) or range_error(Namespace(**saved), saved, where=fpath)
+    if problem:
+        raise UserError(problem)
     saved = {**LEGACY_VALUES, **saved}
     for flag in MODEL_FLAGS:
         if flag in overrides and overrides[flag] != saved.get(flag):
@@ -132,12 +136,28 @@ def resolve_precision(hp):
         print(note, file=sys.stderr)  # stderr: translate.py's stdout carries translations
 
 
-def trained_model_files(hp, ckpt=""):
+def trained_model_files(hp, ckpt="", splits=()):
     """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
-    checking that the data dir's vocabulary is the one the model was trained with."""
-    manifest = load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir)
+    checking the data dir's files (those of `splits` too), that the data dir's vocabulary is the one the model was
+    trained with and that the checkpoint holds trained weights."""
+    manifest = load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir, splits)
     check_vocab(hp, manifest, hp.trained_data_dir)
-    return manifest, find_checkpoint(hp.logdir, ckpt)
+    ckpt = find_checkpoint(hp.logdir, ckpt)
+    check_trained(ckpt, hp.logdir)
+    return manifest, ckpt
+
+
+def check_trained(ckpt, logdir):
+    """Refuses a checkpoint of global step 0, whose weights are the random initial ones (earlier versions of
+    train.py saved one when interrupted before the first step)."""
+    try:
+        step = tf.train.load_checkpoint(ckpt).get_tensor("global_step")
+    except Exception:  # noqa: BLE001 (an unreadable checkpoint is reported by restore(), with the reason)
+        return
+    if step == 0:
+        raise UserError("%s holds untrained weights (global step 0: a run interrupted before its first step saved "
+                        "it): train first, or pass another --ckpt; checkpoints in %s: %s"
+                        % (ckpt, logdir, existing_checkpoints(logdir)))
 
 
 def vocab_sha256(data_dir, manifest):
@@ -145,17 +165,34 @@ def vocab_sha256(data_dir, manifest):
     return textio.sha256_file(os.path.join(data_dir, manifest["bpe_vocab"]))
 
 
+def bpe_sha256(data_dir, manifest):
+    """sha256 of data_dir's sentencepiece model, which segments the text into the vocabulary's pieces."""
+    return textio.sha256_file(os.path.join(data_dir, manifest["bpe_model"]))
+
+
+def fingerprint(data_dir, manifest):
+    """What ties a model to the data dir it was trained on, as recorded in hparams.json: vocab_size,
+    vocab_sha256 and bpe_sha256."""
+    return {"vocab_size": manifest["vocab_size"], "vocab_sha256": vocab_sha256(data_dir, manifest),
+            "bpe_sha256": bpe_sha256(data_dir, manifest)}
+
+
 def check_vocab(hp, manifest, trained_data_dir):
-    """A model can only read a data dir whose vocabulary it was trained with: same size and, where hparams.json
-    records it (vocab_sha256), the same pieces."""
+    """A model can only read a data dir whose vocabulary and sentencepiece model it was trained with: same size
+    and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs lack the latter), the same files.
+    The data dir's own bpe.model and bpe.vocab agree with each other (datadir.check_files), so an older logdir
+    whose data dir had its bpe.model swapped is refused too."""
     if manifest["vocab_size"] != hp.vocab_size:
         raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
                         "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
                                                     trained_data_dir))
-    if hp.vocab_sha256 not in (None, vocab_sha256(hp.data_dir, manifest)):
-        raise UserError("the BPE vocabulary of %s has the model's size %d but other pieces than the one the model "
-                        "in %s was trained with: pass the --data_dir it was trained on (%s)"
-                        % (hp.data_dir, hp.vocab_size, hp.logdir, trained_data_dir))
+    found = fingerprint(hp.data_dir, manifest)
+    for key, what in (("vocab_sha256", "BPE vocabulary (%s)" % manifest["bpe_vocab"]),
+                      ("bpe_sha256", "sentencepiece model (%s)" % manifest["bpe_model"])):
+        if getattr(hp, key, None) not in (None, found[key]):
+            raise UserError("the %s of %s is not the one the model in %s was trained with, although the vocabulary "
+                            "has its size %d: pass the --data_dir it was trained on (%s), or rebuild this one as it "
+                            "was built then" % (what, hp.data_dir, hp.logdir, hp.vocab_size, trained_data_dir))
 
 
 #: Name prefix of the checkpoints avg_checkpoints.py writes; training resumes from its own checkpoints only.
@@ -346,10 +383,14 @@ def remove_stale_pins(logdir):
             pass
 
 
-def load_manifest(data_dir, trained_data_dir=None, logdir=None):
-    """Reads data_dir/manifest.json, written last by prepro.py. trained_data_dir and logdir (a trained model's)
-    make the message for a missing one say where a relative data dir was looked for."""
+def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
+    """Reads data_dir/manifest.json, written last by prepro.py, and checks the files of the data dir that a tool
+    reads (datadir.check_files): its sentencepiece model and the files of `splits`. trained_data_dir and logdir
+    (a trained model's) make the message for a missing one say where a relative data dir was looked for."""
     fpath = os.path.join(data_dir, "manifest.json")
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UserError("--data_dir %s is a file, not a directory: pass the directory that prepro.py wrote"
+                        % data_dir)
     if not os.path.exists(fpath):
         if data_dir == trained_data_dir and not os.path.isabs(data_dir):
             raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative to the directory "
@@ -361,6 +402,7 @@ def load_manifest(data_dir, trained_data_dir=None, logdir=None):
     if not isinstance(manifest, dict) or "splits" not in manifest:
         raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
                         "--data_dir %s --force`" % (fpath, data_dir))
+    datadir.check_files(data_dir, manifest, splits)
     return manifest
 
 

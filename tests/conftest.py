@@ -18,7 +18,9 @@ tf.compat.v1.disable_eager_execution()
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """(logdir, data_dir) of a 1-block model trained 60 steps on 2000 generated pairs (vocabulary of 300 pieces,
-    --maxlen1 TINY_MODEL_MAXLEN1), trained once for the whole session. Tests only read it: anything they write
+    --maxlen1 TINY_MODEL_MAXLEN1) in fp32 on every CPU (tests compare its translations with CTranslate2's float32
+    ones; --precision auto would train and decode in bf16 on a CPU with bfloat16), trained once for the whole
+    session. Tests only read it: anything they write
     goes elsewhere (--testdir, --export_dir)."""
     import prepro
     import train
@@ -29,7 +31,8 @@ def tiny_model(tmp_path_factory):
     assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60", "--d_model", "32",
                        "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
                        "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
-                       "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100"]) == 0
+                       "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100",
+                       "--precision", "fp32"]) == 0
     return logdir, data_dir
 
 

@@ -140,7 +140,8 @@ def test_missing_logdir_is_one_line_and_exit_code_2(tmp_path, capsys):
     code, _, err = run_in_process(capsys, "avg_checkpoints.py", avg_checkpoints.main, "--logdir", tmp_path / "nowhere",
                                   "--last", "5")
     assert code == 2
-    assert err.strip().splitlines()[-1] == "error: logdir %s not found" % (tmp_path / "nowhere")
+    assert err.strip().splitlines()[-1] == "error: --logdir %s not found: pass a logdir written by train.py" % (
+        tmp_path / "nowhere")
     assert "Traceback" not in err
 
 

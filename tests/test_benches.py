@@ -45,8 +45,8 @@ def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio
     # a smaller matmul than the 2048^2 of a real run: what is checked is the ratio, not the figure
     real_matmul_gflops = bench_train.matmul_gflops
     monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: real_matmul_gflops(config, n=512, repeats=3))
-    with tf.Graph().as_default():
-        bench_train.main(["--data_dir", numbers_dir, "--steps", "3", "--warmup", "2"] + TINY)
+    with tf.Graph().as_default():  # fp32 asked for: --precision auto would pick bf16 on a CPU with bfloat16
+        bench_train.main(["--data_dir", numbers_dir, "--steps", "3", "--warmup", "2", "--precision", "fp32"] + TINY)
     result = last_json(capsys)
     assert result["timed_steps"] == 3 and result["d_model"] == 32 and result["precision"] == "fp32"
     model, matmul = result["model_gflops_per_s"], result["matmul_gflops_per_s"]

@@ -415,8 +415,9 @@ def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained
     vocab_size, vocab_pieces, d_model, missing, truncated_test, truncated_train, shape, lost_latest = results
     assert_one_error_line(*vocab_size[::2], "vocab size 320 of %s does not match vocab size 300" % other_size,
                           "pass the --data_dir it was trained on (%s)" % data_dir)
-    assert_one_error_line(*vocab_pieces[::2], "BPE vocabulary of %s has the model's size 300 but other pieces"
-                          % other_pieces, "(%s)" % data_dir)
+    assert_one_error_line(*vocab_pieces[::2], "BPE vocabulary (bpe.vocab) of %s is not the one the model in %s was "
+                          "trained with, although the vocabulary has its size 300" % (other_pieces, trained),
+                          "(%s)" % data_dir)
     assert_one_error_line(*d_model[::2], "unrecognized arguments: --d_model 64",
                           "the model's shape and training flags come from LOGDIR/hparams.json")
     assert_one_error_line(*missing[::2], "checkpoint %s not found; checkpoints in %s: %s"
@@ -661,6 +662,7 @@ def emptied_split(data_dir, target, split):
     for name in ("%s.1" % split, "%s.2" % split, "%s.1.bpe" % split, "%s.2.bpe" % split):
         (target / name).write_bytes(b"")
     manifest = json.loads((target / "manifest.json").read_text())
+    manifest["splits"][split]["lines"] = 0
     (target / "manifest.json").write_text(json.dumps(dict(manifest, format=1)))
     return target
 
