@@ -1,0 +1,175 @@
+"""The recipe's choice of model (scripts/recipe_table.py) and its table file. Speeds are injected: nothing here
+is timed, and nothing trains."""
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import prepro  # noqa: E402
+import recipe  # noqa: E402
+import recipe_table  # noqa: E402
+from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
+from errors import UserError  # noqa: E402
+from hparams import Hparams  # noqa: E402
+from utils import load_manifest  # noqa: E402
+
+MULTI30K_DIR = ROOT.parent / "shared/data/multi30k"
+
+
+def run(candidate, tokens, bleu, steps=100):
+    return {"candidate": candidate, "target_tokens": tokens, "steps": steps, "batch_size": 2048, "dev_bleu": bleu,
+            "precision": "fp32", "cpu": "test CPU", "command": "bash scripts/multi30k.sh 60", "source": "a test"}
+
+
+def make_table(runs, names=("small", "big", "empty")):
+    """A table of candidates `names` (small: d_model 256, others 512) with the given runs."""
+    candidates = [{"name": name, "flags": ["--d_model", "256" if name == "small" else "512"]} for name in names]
+    return {"train_flags": ["--lr_schedule", "linear"], "candidates": candidates, "runs": runs}
+
+
+#: small learns faster early, big ends higher: measured at 1 M and 10 M target tokens each.
+SMALL_AND_BIG = make_table([run("small", 1e6, 30.0), run("small", 1e7, 36.0),
+                            run("big", 1e6, 25.0), run("big", 1e7, 38.0)])
+
+
+def choose_with_speeds(table, speeds, seconds):
+    predicted = {name: recipe_table.predict(table, name, speed, seconds) for name, speed in speeds.items()}
+    return recipe_table.choose(predicted, list(speeds))[0], predicted
+
+
+# ------------------------------------------------------------------------------------------------
+# Prediction and choice (scripts/recipe_table.py)
+
+
+def test_runs_within_ten_percent_of_a_budget_are_one_point_at_their_geometric_mean():
+    runs = [run("a", 1.15e6, 30.0), run("a", 1e6, 20.0), run("a", 4e6, 34.0), run("a", 1.08e6, 22.0)]
+    # 1.08 M is within 10% of 1 M; 1.15 M is not, and starts a point of its own (no chaining through 1.08 M)
+    points = recipe_table.budget_points(runs)
+    assert [bleu for _, bleu in points] == [21.0, 30.0, 34.0]
+    assert points[0][0] == pytest.approx(math.sqrt(1.08) * 1e6, rel=1e-12)
+    assert [tokens for tokens, _ in points[1:]] == [1.15e6, 4e6]
+
+
+def test_dev_bleu_is_linear_in_log_tokens_between_points_and_held_beyond_the_largest():
+    points = [(1e6, 20.0), (1e7, 30.0), (1e8, 32.0)]
+    assert recipe_table.predict_bleu(points, 10 ** 6.5)[0] == pytest.approx(25.0)
+    assert recipe_table.predict_bleu(points, 10 ** 7.5)[0] == pytest.approx(31.0)
+    assert recipe_table.predict_bleu(points, 1e6) == (20.0, "interpolated between 1.00 M and 10.00 M tokens")
+    assert recipe_table.predict_bleu(points, 1e7)[0] == 30.0
+    assert recipe_table.predict_bleu(points, 1e8) == (32.0, "at its largest measured budget, 100.00 M tokens")
+    assert recipe_table.predict_bleu(points, 1e9) == (32.0, "at its largest measured budget, 100.00 M tokens "
+                                                            "(held)")
+
+
+def test_no_prediction_below_the_smallest_measured_budget_or_without_runs():
+    assert recipe_table.predict_bleu([(1e6, 20.0)], 9.99e5) == (
+        None, "below its smallest measured budget (1.00 M tokens)")
+    assert recipe_table.predict_bleu([], 1e7) == (None, "no measured runs")
+
+
+def test_a_faster_small_model_beats_a_slower_big_one_that_trains_too_few_tokens():
+    # 10,000 s: small trains 10 M tokens (36.0), big 1 M (25.0)
+    chosen, predicted = choose_with_speeds(SMALL_AND_BIG, {"small": 1000.0, "big": 100.0}, 10000)
+    assert chosen == "small"
+    assert (predicted["small"].tokens, predicted["small"].bleu) == (1e7, 36.0)
+    assert (predicted["big"].tokens, predicted["big"].bleu) == (1e6, 25.0)
+
+
+def test_a_big_model_wins_when_the_machine_buys_it_enough_tokens_even_if_slower():
+    # 10,000 s: small 10^7.5 tokens, held at 36.0; big 10^7, 38.0
+    chosen, predicted = choose_with_speeds(SMALL_AND_BIG, {"small": 10 ** 3.5, "big": 1000.0}, 10000)
+    assert chosen == "big"
+    assert predicted["small"].bleu == 36.0 and predicted["small"].basis.endswith("(held)")
+    # at 10^6.5 tokens each: small 33.0 against big 31.5
+    assert choose_with_speeds(SMALL_AND_BIG, {"small": 10 ** 2.5, "big": 10 ** 2.5}, 10000)[0] == "small"
+
+
+def test_a_candidate_without_runs_or_outside_its_range_is_never_chosen():
+    table = make_table([run("small", 1e6, 30.0), run("big", 1e7, 40.0)])
+    # big would train 2 M tokens: below its only measured budget, so small (held at 30.0) is chosen over it
+    chosen, predicted = choose_with_speeds(table, {"small": 100.0, "big": 200.0, "empty": 1e6}, 10000)
+    assert chosen == "small" and predicted["big"].bleu is None and predicted["empty"].bleu is None
+    assert predicted["empty"].basis == "no measured runs"
+
+
+def test_ties_go_to_the_candidate_listed_first_and_no_prediction_to_the_first():
+    table = make_table([run("small", 1e6, 30.0), run("big", 2e6, 30.0)])
+    assert choose_with_speeds(table, {"small": 1000.0, "big": 1000.0, "empty": 1000.0}, 10000)[0] == "small"
+    assert choose_with_speeds(table, {"big": 1000.0, "small": 1000.0}, 10000)[0] == "big"
+    predicted = {name: recipe_table.predict(table, name, 1.0, 10) for name in ("big", "small", "empty")}
+    assert recipe_table.choose(predicted, ["big", "small", "empty"]) == (
+        "big", "no candidate has a prediction for its budget: the first one listed")
+
+
+# ------------------------------------------------------------------------------------------------
+# The table file
+
+
+def write_table(tmp_path, table):
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t["runs"].append(run("huge", 1e6, 1.0)),
+     "a run names the candidate huge, which is not among the candidates (small, big, empty)"),
+    (lambda t: t["candidates"][1]["flags"].append("--d_modle"),
+     "the flags of candidate big are not train.py's: unrecognized arguments: --d_modle"),
+    (lambda t: t["candidates"][0]["flags"].extend(["--num_heads", "7"]),
+     "the flags of candidate small are not train.py's: --num_heads 7 must divide --d_model 256"),
+    (lambda t: t["candidates"].append(dict(t["candidates"][0])), "a candidate name appears twice"),
+    (lambda t: t["runs"].append({"candidate": "small", "target_tokens": 5}), "lacks steps, batch_size, dev_bleu"),
+    (lambda t: t["runs"].append(run("small", 0, 30.0)), "needs target_tokens above 0"),
+    (lambda t: t.pop("runs"), "an object with the lists train_flags, candidates and runs"),
+])
+def test_a_table_that_is_wrong_is_refused_with_what_is_wrong(tmp_path, change, message):
+    table = make_table([run("small", 1e6, 30.0)])
+    change(table)
+    path = write_table(tmp_path, table)
+    with pytest.raises(UserError, match="^%s: " % re.escape(path)) as error:
+        recipe_table.load_table(path)
+    assert message in str(error.value)
+
+
+def test_the_table_file_round_trips_with_one_line_per_candidate_and_run(tmp_path):
+    table = make_table([run("small", 1e6, 30.0), run("big", 2e6, 31.5)])
+    text = recipe_table.format_table(table)
+    assert json.loads(text) == table
+    # {, train_flags, candidates: [ + 3 + ], runs: [ + 2 + ], }
+    assert len(text.splitlines()) == 12
+    assert text.splitlines()[3] == "    " + json.dumps(table["candidates"][0]) + ","
+    assert recipe_table.format_table(recipe_table.load_table()) == Path(recipe_table.TABLE_PATH).read_text()
+
+
+def test_the_shipped_table_lists_todays_recipe_first():
+    table = recipe_table.load_table()
+    assert recipe_table.train_flags(table, "d256-ff512-drop0.1") == [
+        "--d_model", "256", "--d_ff", "512", "--dropout_rate", "0.1", "--num_blocks", "3", "--num_heads", "8",
+        "--batch_size", "2048", "--lr", "1e-3", "--warmup_steps", "800", "--lr_schedule", "linear",
+        "--num_epochs", "1000", "--eval_every", "0", "--keep_checkpoints", "10"]
+    assert recipe_table.candidate_names(table)[0] == "d256-ff512-drop0.1"
+
+
+def training_pairs(data_dir, maxlen=100):
+    manifest = load_manifest(data_dir)
+    return select_pairs(load_side(data_dir, manifest, "train", 1), load_side(data_dir, manifest, "train", 2),
+                        maxlen, maxlen)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K_DIR.is_dir(), reason=f"{MULTI30K_DIR} is absent")
+def test_the_shipped_runs_hold_the_target_tokens_of_their_steps(tmp_path):
+    data_dir = str(tmp_path / "multi30k")
+    assert prepro.main(recipe.prepro_command(data_dir)[2:]) == 0
+    pairs = training_pairs(data_dir)
+    table = recipe_table.load_table()
+    for row in table["runs"]:
+        hp = Hparams().parser.parse_args(recipe_table.train_flags(table, row["candidate"]))
+        assert row["target_tokens"] == trained_target_tokens(pairs, row["steps"], hp.batch_size, hp.batch_type,
+                                                             hp.seed, hp.bucket_growth)
