@@ -1,5 +1,5 @@
-"""The recipe's choice of model (scripts/recipe_table.py) and its table file. Speeds are injected: nothing here
-is timed, and nothing trains."""
+"""The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py) and its table file. Speeds are
+injected: nothing here is timed, and nothing trains."""
 import json
 import math
 import re
@@ -16,6 +16,7 @@ import recipe_table  # noqa: E402
 from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
 from errors import UserError  # noqa: E402
 from hparams import Hparams  # noqa: E402
+from in_process import run_in_process  # noqa: E402
 from utils import load_manifest  # noqa: E402
 
 MULTI30K_DIR = ROOT.parent / "shared/data/multi30k"
@@ -173,3 +174,69 @@ def test_the_shipped_runs_hold_the_target_tokens_of_their_steps(tmp_path):
         hp = Hparams().parser.parse_args(recipe_table.train_flags(table, row["candidate"]))
         assert row["target_tokens"] == trained_target_tokens(pairs, row["steps"], hp.batch_size, hp.batch_type,
                                                              hp.seed, hp.bucket_growth)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring and choosing in scripts/recipe.py
+
+
+def test_measuring_is_skipped_only_when_it_can_not_change_the_choice():
+    def names_with_runs(*names):
+        return make_table([run(name, 1e6, 30.0) for name in names])
+    assert recipe.choice_without_measuring(names_with_runs("small"), ["small", "big", "empty"]) == "small"
+    assert recipe.choice_without_measuring(names_with_runs(), ["small", "big", "empty"]) == "small"
+    assert recipe.choice_without_measuring(names_with_runs("big"), ["big"]) == "big"
+    assert recipe.choice_without_measuring(names_with_runs("big"), ["empty"]) == "empty"
+    # big alone has runs but small is listed first: small is the choice when big's budget is below its runs
+    assert recipe.choice_without_measuring(names_with_runs("big"), ["small", "big"]) is None
+    assert recipe.choice_without_measuring(names_with_runs("small", "big"), ["small", "big"]) is None
+
+
+def test_candidates_are_measured_in_turn_until_the_measurement_allowance_is_spent():
+    table = make_table([run(name, 1e6, 30.0) for name in ("small", "big", "last")],
+                       names=("small", "empty", "big", "last"))
+    now, calls = [0.0], []
+
+    def measure(flags, timeout):  # small takes 70 s, big 40 s of the 100 s allowed
+        calls.append((flags[1], timeout))
+        now[0] += 70 if flags[1] == "256" else 40
+        return 1000.0 + now[0], "measured"
+    speeds = recipe.measure_speeds(table, ["small", "empty", "big", "last"], 100, measure, clock=lambda: now[0])
+    assert calls == [("256", 100), ("512", 30)]
+    assert speeds == {"small": (1070.0, "measured"), "empty": (None, "not measured: no measured runs in the table"),
+                      "big": (1110.0, "measured"),
+                      "last": (None, "not measured: the measurement's share of the budget ran out")}
+    predicted = recipe.predictions(table, speeds, 1000)
+    assert predicted["small"].tokens == 1070000.0 and predicted["small"].bleu == 30.0
+    assert predicted["last"] == recipe_table.Prediction(
+        None, None, None, "not measured: the measurement's share of the budget ran out")
+
+
+def test_what_was_measured_predicted_and_chosen_is_printed_as_a_table():
+    predicted = {"small": recipe_table.Prediction(1234.4, 5.678e6, 38.126, "interpolated"),
+                 "big": recipe_table.Prediction(None, None, None, "not measured")}
+    assert recipe.choice_lines(predicted, "small", "the highest predicted dev BLEU") == [
+        "candidate  tokens/s  tokens  dev BLEU  how",
+        "small          1234  5.68 M     38.13  interpolated",
+        "big               -       -         -  not measured",
+        "chose small: the highest predicted dev BLEU"]
+
+
+def test_the_benchmark_result_is_its_last_line_and_anything_else_is_a_failed_measurement():
+    assert recipe.bench_result('precision auto: fp32\n{"real_tgt_tokens_per_s": 12.5, "timed_steps": 5}\n') == {
+        "real_tgt_tokens_per_s": 12.5, "timed_steps": 5}
+    for output in ("", "Traceback (most recent call last):\n", '{"step_s": 1.0}\n'):
+        with pytest.raises(ValueError):
+            recipe.bench_result(output)
+
+
+def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_are_refused(capsys, tmp_path):
+    table = make_table([])
+    assert recipe.allowed_candidates(table, "empty, small") == ["small", "empty"]
+    assert recipe.allowed_candidates(table, None) == ["small", "big", "empty"]
+    logdir = tmp_path / "run"
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--candidates", "small,huge",
+                                    "--table", write_table(tmp_path, table), "--logdir", logdir)
+    assert code == 2 and out == "" and not logdir.exists()
+    assert err == ("error: --candidates small,huge: no such candidate huge; the table's candidates are small, "
+                   "big, empty\n")
