@@ -1,5 +1,5 @@
-"""The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py) and its table file. Speeds are
-injected: nothing here is timed, and nothing trains."""
+"""The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py), its table file and the run that
+scripts/add_recipe_run.py adds to it. Speeds are injected: nothing here is timed, and nothing trains."""
 import json
 import math
 import re
@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+import add_recipe_run  # noqa: E402
 import prepro  # noqa: E402
 import recipe  # noqa: E402
 import recipe_table  # noqa: E402
@@ -17,9 +18,10 @@ from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E4
 from errors import UserError  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from in_process import run_in_process  # noqa: E402
-from utils import load_manifest  # noqa: E402
+from utils import load_manifest, save_hparams, vocab_sha256  # noqa: E402
 
 MULTI30K_DIR = ROOT.parent / "shared/data/multi30k"
+TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "300"]
 
 
 def run(candidate, tokens, bleu, steps=100):
@@ -240,3 +242,72 @@ def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_ar
     assert code == 2 and out == "" and not logdir.exists()
     assert err == ("error: --candidates small,huge: no such candidate huge; the table's candidates are small, "
                    "big, empty\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# A finished run added to the table (scripts/add_recipe_run.py)
+
+
+@pytest.fixture(scope="module")
+def numbers_dir(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("recipe") / "data")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "600", "--n_eval", "40", "--n_test", "10",
+                        "--vocab_size", "200", "--data_dir", data_dir]) == 0
+    return data_dir
+
+
+def finished_run(tmp_path, data_dir, flags, checkpoint, recipe_json=None):
+    """A logdir as train.py leaves it, as far as add_recipe_run.py reads it: hparams.json and the checkpoint
+    index (no weights)."""
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    hp = Hparams().parser.parse_args(flags + ["--data_dir", data_dir, "--logdir", str(logdir), "--seed", "7",
+                                              "--precision", "bf16", "--max_minutes", "30"])
+    manifest = load_manifest(data_dir)
+    hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(data_dir, manifest)
+    save_hparams(hp, str(logdir))
+    (logdir / "checkpoint").write_text('model_checkpoint_path: "%s"\n' % checkpoint, encoding="utf-8")
+    if recipe_json:
+        (logdir / "recipe.json").write_text(json.dumps(recipe_json), encoding="utf-8")
+    return str(logdir)
+
+
+def tiny_table():
+    return {"train_flags": ["--lr_schedule", "linear"], "runs": [],
+            "candidates": [{"name": "wide", "flags": TINY[:2] + ["--d_ff", "128"] + TINY[4:]},
+                           {"name": "tiny", "flags": TINY}]}
+
+
+def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, numbers_dir, capsys):
+    logdir = finished_run(tmp_path, numbers_dir, TINY + ["--lr_schedule", "linear", "--eval_every", "0"],
+                          "E03_L2.50_B12.34-40", {"command": "python scripts/recipe.py --minutes 30", "machine": {
+                              "cpu": "Some CPU", "cores": 2, "isa_flags": ["avx2"]}})
+    path = write_table(tmp_path, tiny_table())
+    code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
+    assert (code, err) == (0, "")
+    tokens = trained_target_tokens(training_pairs(numbers_dir), 40, 300, "tokens", 7)
+    assert json.loads(Path(path).read_text())["runs"] == [{
+        "candidate": "tiny", "target_tokens": tokens, "steps": 40, "batch_size": 300, "dev_bleu": 12.34,
+        "precision": "bf16", "cpu": "Some CPU, 2 cores, avx2", "command": "python scripts/recipe.py --minutes 30",
+        "source": "logdir %s" % logdir}]
+    assert out == "added to %s: tiny, 40 steps, %.2f M target tokens, dev BLEU 12.34\n" % (path, tokens / 1e6)
+    code, _, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
+    assert code == 2 and err == "error: %s already has this run (tiny, 40 steps, dev BLEU 12.34)\n" % path
+
+
+@pytest.mark.parametrize("flags, checkpoint, extra, message", [
+    (TINY + ["--lr_schedule", "noam", "--dropout_rate", "0.3"], "E03_L2.50_B12.34-40", [],
+     "differs in --dropout_rate 0.3 (candidate: 0.1), --lr_schedule noam (candidate: linear): add a candidate"),
+    (TINY + ["--lr_schedule", "linear"], "interrupted-40", [], "interrupted-40, has no dev BLEU in its name"),
+    (TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40", [], "has no recipe.json naming the CPU: pass --cpu"),
+    (TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40", ["--cpu", "X"], "naming the command: pass"),
+])
+def test_a_run_that_can_not_be_a_row_is_refused_with_the_reason(tmp_path, numbers_dir, capsys, flags, checkpoint,
+                                                               extra, message):
+    logdir = finished_run(tmp_path, numbers_dir, flags, checkpoint)
+    path = write_table(tmp_path, tiny_table())
+    code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path,
+                                    *extra)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
+    assert message in err
+    assert json.loads(Path(path).read_text())["runs"] == []
