@@ -1,5 +1,6 @@
-"""The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py), its table file and the run that
-scripts/add_recipe_run.py adds to it. Speeds are injected: nothing here is timed, and nothing trains."""
+"""The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py), its table file, the run that
+scripts/add_recipe_run.py adds to it and the tables scripts/plot_recipe.py writes. Speeds are injected: nothing here
+is timed, and nothing trains."""
 import json
 import math
 import re
@@ -11,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import add_recipe_run  # noqa: E402
+import plot_recipe  # noqa: E402
 import prepro  # noqa: E402
 import recipe  # noqa: E402
 import recipe_table  # noqa: E402
@@ -311,3 +313,37 @@ def test_a_run_that_can_not_be_a_row_is_refused_with_the_reason(tmp_path, number
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
     assert message in err
     assert json.loads(Path(path).read_text())["runs"] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The tables and the plot of scripts/plot_recipe.py
+
+
+def test_the_prediction_table_has_each_budget_with_the_choice_in_bold():
+    table = make_table([run("small", 1e6, 30.0), run("small", 1e7, 36.0), run("big", 1e7, 38.0)])
+    assert plot_recipe.predictions_markdown(table, [1e6, 10 ** 6.5, 1e8]) == [
+        "| candidate | 1 M tokens | 3.16228 M tokens | 100 M tokens |",
+        "|---|---|---|---|",
+        "| small | **30.00** | **33.00** | 36.00 |",
+        "| big | – | – | **38.00** |",
+        "| empty | – | – | – |"]
+
+
+def test_the_tables_go_between_the_markers_of_a_markdown_file(tmp_path):
+    doc = tmp_path / "recipe.md"
+    doc.write_text("intro\n%s\nold table\n%s\nrest\n" % (plot_recipe.BEGIN, plot_recipe.END), encoding="utf-8")
+    plot_recipe.update(str(doc), ["| new |"])
+    assert doc.read_text() == "intro\n%s\n| new |\n%s\nrest\n" % (plot_recipe.BEGIN, plot_recipe.END)
+    doc.write_text("no markers\n", encoding="utf-8")
+    with pytest.raises(UserError, match="must hold the line"):
+        plot_recipe.update(str(doc), ["| new |"])
+    with pytest.raises(UserError, match="^cannot read %s: No such file or directory$" % re.escape(str(doc) + "x")):
+        plot_recipe.update(str(doc) + "x", ["| new |"])
+
+
+def test_the_plot_is_a_png_of_the_size_asked_for(tmp_path):
+    path = tmp_path / "plot.png"
+    plot_recipe.plot(SMALL_AND_BIG, str(path))
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")) == (1000, 500)
