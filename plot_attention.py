@@ -1,6 +1,7 @@
 """PNG heat maps of attention weights and of the positional encoding (used by `translate.py --plot_attention`).
 
-The only module of the toolkit that imports matplotlib; it draws with the Agg backend, so no display is needed.
+The only module of the toolkit that imports matplotlib (scripts/plot_recipe.py, the recipe's plot, aside); it draws
+with the Agg backend, so no display is needed.
 """
 import math
 
