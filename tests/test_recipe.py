@@ -246,6 +246,50 @@ def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_ar
                    "big, empty\n")
 
 
+def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and_predicted(tmp_path, monkeypatch,
+                                                                                           capsys):
+    commands = []
+
+    def run_phase(command, log):  # instead of prepro.py, train.py and test.py: what they leave behind
+        commands.append(command)
+        if command[1] == "train.py":
+            (logdir / "hparams.json").write_text('{"precision": "fp32"}', encoding="utf-8")
+            return "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\nepoch 2 | step 20 | loss 2.5 | 1200 tgt tok/s\n", 5
+        if command[1] == "test.py":
+            testdir = Path(command[command.index("--testdir") + 1])
+            testdir.mkdir()
+            beam = int(command[command.index("--beam_size") + 1])
+            (testdir / "results.json").write_text('{"bleu": %d}' % (30 + beam), encoding="utf-8")
+        return "", 1
+    monkeypatch.setattr(recipe, "run", run_phase)
+    monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
+    monkeypatch.setattr(recipe, "bench_speed", lambda flags, data_dir, timeout, log: (
+        1000.0 if flags[1] == "256" else 900.0, "median of 5 steady-state steps"))
+    logdir = tmp_path / "run"
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
+                                    "--logdir", logdir, "--table", write_table(tmp_path, SMALL_AND_BIG))
+    assert (code, err) == (0, "")
+    # about 3,450 s of training: small 3.45 M tokens, 30 + 6 log10(3.45) = 33.2; big 3.1 M, 25 + 13 log10(3.1) = 31.4
+    results = json.loads((logdir / "recipe.json").read_text())
+    choice = results["choice"]
+    assert (choice["chosen"], choice["reason"]) == ("small", "the highest predicted dev BLEU")
+    assert choice["flags"] == results["recipe"] == ["--d_model", "256", "--lr_schedule", "linear"]
+    train_seconds = choice["candidates"]["small"]["predicted_tokens"] / 1000
+    assert choice["candidates"]["big"]["predicted_tokens"] == pytest.approx(900 * train_seconds)
+    assert choice["candidates"]["small"]["predicted_dev_bleu"] == pytest.approx(30 + 6 * math.log10(train_seconds
+                                                                                                   / 1000))
+    assert set(choice["candidates"]) == {"small", "big", "empty"}
+    assert choice["candidates"]["empty"]["how"] == "not measured: no measured runs in the table"
+    train = next(command for command in commands if command[1] == "train.py")
+    assert train[2:6] == ["--data_dir", "d", "--logdir", str(logdir)]
+    assert train[6:10] == choice["flags"] and train[10] == "--max_minutes"
+    assert float(train[11]) == pytest.approx(train_seconds / 60, abs=0.01)
+    assert (results["steps"], results["bleu_greedy"], results["bleu_beam"]) == (20, 31, 34)
+    assert results["command"] == "python scripts/recipe.py --minutes 60 --data_dir d --logdir %s --table %s" % (
+        logdir, tmp_path / "table.json")
+    assert "chose small: the highest predicted dev BLEU" in out and "measure and choose" in results["seconds"]
+
+
 # ------------------------------------------------------------------------------------------------
 # A finished run added to the table (scripts/add_recipe_run.py)
 
