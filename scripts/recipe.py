@@ -151,7 +151,7 @@ def predictions(table, speeds, seconds):
 
 def choice_lines(predicted, chosen, reason):
     """What was measured, predicted and chosen, as aligned text lines."""
-    rows = [("candidate", "tokens/s", "tokens", "dev BLEU", "how")]
+    rows = [("candidate", "measured tokens/s", "predicted tokens", "predicted dev BLEU", "how")]
     for name, p in predicted.items():
         rows.append((name, "-" if p.tokens_per_s is None else "%.0f" % p.tokens_per_s,
                      "-" if p.tokens is None else "%.2f M" % (p.tokens / 1e6),

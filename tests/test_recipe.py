@@ -220,9 +220,9 @@ def test_what_was_measured_predicted_and_chosen_is_printed_as_a_table():
     predicted = {"small": recipe_table.Prediction(1234.4, 5.678e6, 38.126, "interpolated"),
                  "big": recipe_table.Prediction(None, None, None, "not measured")}
     assert recipe.choice_lines(predicted, "small", "the highest predicted dev BLEU") == [
-        "candidate  tokens/s  tokens  dev BLEU  how",
-        "small          1234  5.68 M     38.13  interpolated",
-        "big               -       -         -  not measured",
+        "candidate  measured tokens/s  predicted tokens  predicted dev BLEU  how",
+        "small                   1234            5.68 M               38.13  interpolated",
+        "big                        -                 -                   -  not measured",
         "chose small: the highest predicted dev BLEU"]
 
 
