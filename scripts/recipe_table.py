@@ -1,12 +1,13 @@
 """The Multi30k recipe's candidate settings and the dev BLEU each reached at measured training budgets
 (scripts/recipe_table.json), and how scripts/recipe.py chooses among them.
 
-A budget is counted in real (non-pad) target tokens trained: a run of the same flags trains the same batches on
-every machine, only faster or slower, so a budget in tokens carries across machines where one in minutes does not.
+A budget is counted in real (non-pad) target tokens trained: a run of the same flags and seed trains the same
+batches on every machine, only faster or slower, so a budget in tokens carries across machines where one in minutes
+does not.
 
 The prediction for a candidate at a budget of T target tokens, from its measured runs (docs/recipe.md):
-  - runs whose budgets lie within POOL_RATIO of each other are one budget point, their mean dev BLEU at the
-    geometric mean of their budgets (repeats of about the same budget, e.g. the same hour on two machines);
+  - runs whose budgets lie within POOL_RATIO of the smallest of them are one budget point, their mean dev BLEU at
+    the geometric mean of their budgets (repeats of about the same budget, e.g. the same hour on two machines);
   - between two points: linear in log(T);
   - at or above its largest point: that point's BLEU, held (never extrapolated upward: a lower bound, since a
     schedule that decays to 0 at the end of a longer budget has not been seen to end lower);
