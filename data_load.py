@@ -242,6 +242,27 @@ def make_batch(pairs, index, width=None):
     return (x, x_seqlen), (decoder_input, y, y_seqlen)
 
 
+def epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth=0.05):
+    """plan_batches for epoch `epoch` of pairs, shuffled with numpy RandomState(seed + epoch) (seed None: in order),
+    so that a resumed run, or a count of what a run trained, replays the same batches."""
+    rng = np.random.RandomState((seed + epoch) % 2 ** 32) if seed is not None else None  # numpy's seed range
+    return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
+
+
+def trained_target_tokens(pairs, steps, batch_size, batch_type, seed, growth=0.05):
+    """The real (non-pad) target tokens, </s> included (y_seqlen, what train.py counts in its tok/s), of the first
+    `steps` shuffled training batches, epoch after epoch: what a run of that many steps trained. Counted from the
+    epoch plans alone, without building a batch."""
+    total, epoch = 0, 0
+    while steps > 0:
+        plan = epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
+        if not plan:
+            raise ValueError("no training pairs: nothing was trained")
+        total += sum(int(pairs.lengths2[index].sum()) for index, _ in plan[:steps])
+        steps, epoch = steps - len(plan), epoch + 1
+    return total
+
+
 def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
     """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays, and num_batches(epoch).
 
@@ -250,8 +271,7 @@ def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth
     """
     @functools.lru_cache(maxsize=1)  # an epoch's plan is asked for by num_batches and generate alike
     def plan_of(epoch):
-        rng = np.random.RandomState((seed + epoch) % 2 ** 32) if seed is not None else None  # numpy's seed range
-        return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
+        return epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
 
     def plan(epoch):
         return plan_of(int(epoch))

@@ -5,7 +5,8 @@
 draws DIR/positional_encoding.png and, per sentence, DIR/NNNN.png with the cross-attention heads of the last
 decoder block, and prints the translations: translate.py --plot_attention DIR with the sentences given.
 
-The only module of the toolkit that imports matplotlib; it draws with the Agg backend, so no display is needed.
+The only module of the toolkit that imports matplotlib (scripts/plot_recipe.py, the recipe's plot, aside); it draws
+with the Agg backend, so no display is needed.
 """
 import math
 

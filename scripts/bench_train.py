@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import distributed  # noqa: E402
+from errors import UserError, run_cli  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from utils import load_manifest, resolve_precision, session_config  # noqa: E402
@@ -123,6 +124,9 @@ def main(argv=None):
                 seen.add((n, t1, t2))
                 new_shape_seconds.append(seconds)
         profile = profile_ops(sess, train_op, args.profile) if args.profile else None
+    if not steps:
+        raise UserError("no step of the %d after warm-up came on a batch shape seen before, so none was timed: "
+                        "raise --max_steps" % len(new_shape_seconds))
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
     flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
     step_s = float(np.median(seconds))
@@ -154,4 +158,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

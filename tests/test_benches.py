@@ -13,6 +13,7 @@ import bench_data  # noqa: E402
 import bench_iterator  # noqa: E402
 import bench_train  # noqa: E402
 import prepro  # noqa: E402
+from errors import UserError  # noqa: E402
 
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "500",
         "--threads", "1"]
@@ -55,6 +56,15 @@ def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio
     assert result["mfu"] == pytest.approx(model / matmul, abs=1e-3 + 0.05 * (1 + model / matmul) / matmul)
     assert 0 <= result["padding_fraction"] < 1 and result["real_tgt_tokens_per_s"] > 0
     assert set(result["isa_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+
+
+def test_bench_train_says_to_raise_max_steps_when_no_step_was_timed(numbers_dir, monkeypatch):
+    # without warm-up the first step is on a new batch shape, so with --max_steps 1 none is steady-state
+    monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: 1.0)
+    with tf.Graph().as_default(), pytest.raises(UserError) as error:
+        bench_train.main(["--data_dir", numbers_dir, "--steps", "1", "--warmup", "0", "--max_steps", "1"] + TINY)
+    assert str(error.value) == ("no step of the 1 after warm-up came on a batch shape seen before, so none was "
+                                "timed: raise --max_steps")
 
 
 def test_bench_iterator_times_every_switch_between_training_and_dev_data(numbers_dir, capsys):

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import prepro
 from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, eval_order, generator_fn, get_batch, load_side,
-                       load_vocab, pad, plan_batches, select_pairs, text_ids)
+                       load_vocab, pad, plan_batches, select_pairs, text_ids, trained_target_tokens)
 from errors import UserError
 from idsfile import IdsWriter, ids_dtype, read_ids
 from utils import load_manifest
@@ -218,6 +218,19 @@ def test_the_plan_equals_the_pair_by_pair_plan(seed):
 def test_resuming_mid_epoch_replays_the_same_batches(numbers_dir):
     whole = epoch_batches(numbers_dir, "train", 20, 20, 300, "tokens", seed=5, epoch=2)
     assert_same_batches(epoch_batches(numbers_dir, "train", 20, 20, 300, "tokens", seed=5, epoch=2, skip=7), whole[7:])
+
+
+def test_the_target_tokens_counted_for_a_run_are_those_of_the_batches_it_trained(numbers_dir):
+    manifest = load_manifest(str(numbers_dir))
+    pairs, _ = select_pairs(load_side(str(numbers_dir), manifest, "train", 1),
+                            load_side(str(numbers_dir), manifest, "train", 2), 20, 20)
+    epochs = [epoch_batches(numbers_dir, "train", 20, 20, 300, "tokens", seed=5, epoch=epoch) for epoch in (0, 1)]
+    drawn = [int(batch[4].sum()) for batches in epochs for batch in batches]  # y_seqlen: targets with </s>
+    per_epoch = len(epochs[0])
+    for steps in (1, per_epoch, per_epoch + 3):
+        assert trained_target_tokens(pairs, steps, 300, "tokens", 5) == sum(drawn[:steps])
+    # whole epochs train every target once each
+    assert trained_target_tokens(pairs, 2 * per_epoch, 300, "tokens", 5) == 2 * int(pairs.lengths2.sum())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,393 @@
+"""The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py), its table file, the run that
+scripts/add_recipe_run.py adds to it and the tables scripts/plot_recipe.py writes. Speeds are injected: nothing here
+is timed, and nothing trains."""
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import add_recipe_run  # noqa: E402
+import plot_recipe  # noqa: E402
+import prepro  # noqa: E402
+import recipe  # noqa: E402
+import recipe_table  # noqa: E402
+from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
+from errors import UserError  # noqa: E402
+from hparams import Hparams  # noqa: E402
+from in_process import run_in_process  # noqa: E402
+from utils import load_manifest, save_hparams, vocab_sha256  # noqa: E402
+
+MULTI30K_DIR = ROOT.parent / "shared/data/multi30k"
+TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "300"]
+
+
+def run(candidate, tokens, bleu, steps=100):
+    return {"candidate": candidate, "target_tokens": tokens, "steps": steps, "batch_size": 2048, "dev_bleu": bleu,
+            "precision": "fp32", "cpu": "test CPU", "command": "bash scripts/multi30k.sh 60", "source": "a test"}
+
+
+def make_table(runs, names=("small", "big", "empty")):
+    """A table of candidates `names` (small: d_model 256, others 512) with the given runs."""
+    candidates = [{"name": name, "flags": ["--d_model", "256" if name == "small" else "512"]} for name in names]
+    return {"train_flags": ["--lr_schedule", "linear"], "candidates": candidates, "runs": runs}
+
+
+#: small learns faster early, big ends higher: measured at 1 M and 10 M target tokens each.
+SMALL_AND_BIG = make_table([run("small", 1e6, 30.0), run("small", 1e7, 36.0),
+                            run("big", 1e6, 25.0), run("big", 1e7, 38.0)])
+
+
+def choose_with_speeds(table, speeds, seconds):
+    predicted = {name: recipe_table.predict(table, name, speed, seconds) for name, speed in speeds.items()}
+    return recipe_table.choose(predicted, list(speeds))[0], predicted
+
+
+# ------------------------------------------------------------------------------------------------
+# Prediction and choice (scripts/recipe_table.py)
+
+
+def test_runs_within_ten_percent_of_a_budget_are_one_point_at_their_geometric_mean():
+    runs = [run("a", 1.15e6, 30.0), run("a", 1e6, 20.0), run("a", 4e6, 34.0), run("a", 1.08e6, 22.0)]
+    # 1.08 M is within 10% of 1 M; 1.15 M is not, and starts a point of its own (no chaining through 1.08 M)
+    points = recipe_table.budget_points(runs)
+    assert [bleu for _, bleu in points] == [21.0, 30.0, 34.0]
+    assert points[0][0] == pytest.approx(math.sqrt(1.08) * 1e6, rel=1e-12)
+    assert [tokens for tokens, _ in points[1:]] == [1.15e6, 4e6]
+
+
+def test_dev_bleu_is_linear_in_log_tokens_between_points_and_held_beyond_the_largest():
+    points = [(1e6, 20.0), (1e7, 30.0), (1e8, 32.0)]
+    assert recipe_table.predict_bleu(points, 10 ** 6.5)[0] == pytest.approx(25.0)
+    assert recipe_table.predict_bleu(points, 10 ** 7.5)[0] == pytest.approx(31.0)
+    assert recipe_table.predict_bleu(points, 1e6) == (20.0, "interpolated between 1.00 M and 10.00 M tokens")
+    assert recipe_table.predict_bleu(points, 1e7)[0] == 30.0
+    assert recipe_table.predict_bleu(points, 1e8) == (32.0, "at its largest measured budget, 100.00 M tokens")
+    assert recipe_table.predict_bleu(points, 1e9) == (32.0, "at its largest measured budget, 100.00 M tokens "
+                                                            "(held)")
+
+
+def test_no_prediction_below_the_smallest_measured_budget_or_without_runs():
+    assert recipe_table.predict_bleu([(1e6, 20.0)], 9.99e5) == (
+        None, "below its smallest measured budget (1.00 M tokens)")
+    assert recipe_table.predict_bleu([], 1e7) == (None, "no measured runs")
+
+
+def test_a_faster_small_model_beats_a_slower_big_one_that_trains_too_few_tokens():
+    # 10,000 s: small trains 10 M tokens (36.0), big 1 M (25.0)
+    chosen, predicted = choose_with_speeds(SMALL_AND_BIG, {"small": 1000.0, "big": 100.0}, 10000)
+    assert chosen == "small"
+    assert (predicted["small"].tokens, predicted["small"].bleu) == (1e7, 36.0)
+    assert (predicted["big"].tokens, predicted["big"].bleu) == (1e6, 25.0)
+
+
+def test_a_big_model_wins_when_the_machine_buys_it_enough_tokens_even_if_slower():
+    # 10,000 s: small 10^7.5 tokens, held at 36.0; big 10^7, 38.0
+    chosen, predicted = choose_with_speeds(SMALL_AND_BIG, {"small": 10 ** 3.5, "big": 1000.0}, 10000)
+    assert chosen == "big"
+    assert predicted["small"].bleu == 36.0 and predicted["small"].basis.endswith("(held)")
+    # at 10^6.5 tokens each: small 33.0 against big 31.5
+    assert choose_with_speeds(SMALL_AND_BIG, {"small": 10 ** 2.5, "big": 10 ** 2.5}, 10000)[0] == "small"
+
+
+def test_a_candidate_without_runs_or_outside_its_range_is_never_chosen():
+    table = make_table([run("small", 1e6, 30.0), run("big", 1e7, 40.0)])
+    # big would train 2 M tokens: below its only measured budget, so small (held at 30.0) is chosen over it
+    chosen, predicted = choose_with_speeds(table, {"small": 100.0, "big": 200.0, "empty": 1e6}, 10000)
+    assert chosen == "small" and predicted["big"].bleu is None and predicted["empty"].bleu is None
+    assert predicted["empty"].basis == "no measured runs"
+
+
+def test_ties_go_to_the_candidate_listed_first_and_no_prediction_to_the_first():
+    table = make_table([run("small", 1e6, 30.0), run("big", 2e6, 30.0)])
+    assert choose_with_speeds(table, {"small": 1000.0, "big": 1000.0, "empty": 1000.0}, 10000)[0] == "small"
+    assert choose_with_speeds(table, {"big": 1000.0, "small": 1000.0}, 10000)[0] == "big"
+    predicted = {name: recipe_table.predict(table, name, 1.0, 10) for name in ("big", "small", "empty")}
+    assert recipe_table.choose(predicted, ["big", "small", "empty"]) == (
+        "big", "no candidate has a prediction for its budget: the first one listed")
+
+
+# ------------------------------------------------------------------------------------------------
+# The table file
+
+
+def write_table(tmp_path, table):
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t["runs"].append(run("huge", 1e6, 1.0)),
+     "a run names the candidate huge, which is not among the candidates (small, big, empty)"),
+    (lambda t: t["candidates"][1]["flags"].append("--d_modle"),
+     "the flags of candidate big are not train.py's: unrecognized arguments: --d_modle"),
+    (lambda t: t["candidates"][0]["flags"].extend(["--num_heads", "7"]),
+     "the flags of candidate small are not train.py's: --num_heads 7 must divide --d_model 256"),
+    (lambda t: t["candidates"].append(dict(t["candidates"][0])), "a candidate name appears twice"),
+    (lambda t: t["runs"].append({"candidate": "small", "target_tokens": 5}), "lacks steps, batch_size, dev_bleu"),
+    (lambda t: t["runs"].append(run("small", 0, 30.0)), "needs target_tokens above 0"),
+    (lambda t: t.pop("runs"), "an object with the lists train_flags, candidates and runs"),
+])
+def test_a_table_that_is_wrong_is_refused_with_what_is_wrong(tmp_path, change, message):
+    table = make_table([run("small", 1e6, 30.0)])
+    change(table)
+    path = write_table(tmp_path, table)
+    with pytest.raises(UserError, match="^%s: " % re.escape(path)) as error:
+        recipe_table.load_table(path)
+    assert message in str(error.value)
+
+
+def test_the_table_file_round_trips_with_one_line_per_candidate_and_run(tmp_path):
+    table = make_table([run("small", 1e6, 30.0), run("big", 2e6, 31.5)])
+    text = recipe_table.format_table(table)
+    assert json.loads(text) == table
+    # {, train_flags, candidates: [ + 3 + ], runs: [ + 2 + ], }
+    assert len(text.splitlines()) == 12
+    assert text.splitlines()[3] == "    " + json.dumps(table["candidates"][0]) + ","
+    assert recipe_table.format_table(recipe_table.load_table()) == Path(recipe_table.TABLE_PATH).read_text()
+
+
+def test_the_shipped_table_lists_todays_recipe_first():
+    table = recipe_table.load_table()
+    assert recipe_table.train_flags(table, "d256-ff512-drop0.1") == [
+        "--d_model", "256", "--d_ff", "512", "--dropout_rate", "0.1", "--num_blocks", "3", "--num_heads", "8",
+        "--batch_size", "2048", "--lr", "1e-3", "--warmup_steps", "800", "--lr_schedule", "linear",
+        "--num_epochs", "1000", "--eval_every", "0", "--keep_checkpoints", "10"]
+    assert recipe_table.candidate_names(table)[0] == "d256-ff512-drop0.1"
+
+
+def training_pairs(data_dir, maxlen=100):
+    manifest = load_manifest(data_dir)
+    return select_pairs(load_side(data_dir, manifest, "train", 1), load_side(data_dir, manifest, "train", 2),
+                        maxlen, maxlen)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K_DIR.is_dir(), reason=f"{MULTI30K_DIR} is absent")
+def test_the_shipped_runs_hold_the_target_tokens_of_their_steps(tmp_path):
+    data_dir = str(tmp_path / "multi30k")
+    assert prepro.main(recipe.prepro_command(data_dir)[2:]) == 0
+    pairs = training_pairs(data_dir)
+    table = recipe_table.load_table()
+    for row in table["runs"]:
+        hp = Hparams().parser.parse_args(recipe_table.train_flags(table, row["candidate"]))
+        assert row["target_tokens"] == trained_target_tokens(pairs, row["steps"], hp.batch_size, hp.batch_type,
+                                                             hp.seed, hp.bucket_growth)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring and choosing in scripts/recipe.py
+
+
+def test_measuring_is_skipped_only_when_it_can_not_change_the_choice():
+    def names_with_runs(*names):
+        return make_table([run(name, 1e6, 30.0) for name in names])
+    assert recipe.choice_without_measuring(names_with_runs("small"), ["small", "big", "empty"]) == "small"
+    assert recipe.choice_without_measuring(names_with_runs(), ["small", "big", "empty"]) == "small"
+    assert recipe.choice_without_measuring(names_with_runs("big"), ["big"]) == "big"
+    assert recipe.choice_without_measuring(names_with_runs("big"), ["empty"]) == "empty"
+    # big alone has runs but small is listed first: small is the choice when big's budget is below its runs
+    assert recipe.choice_without_measuring(names_with_runs("big"), ["small", "big"]) is None
+    assert recipe.choice_without_measuring(names_with_runs("small", "big"), ["small", "big"]) is None
+
+
+def test_candidates_are_measured_in_turn_until_the_measurement_allowance_is_spent():
+    table = make_table([run(name, 1e6, 30.0) for name in ("small", "big", "last")],
+                       names=("small", "empty", "big", "last"))
+    now, calls = [0.0], []
+
+    def measure(flags, timeout):  # small takes 70 s, big 40 s of the 100 s allowed
+        calls.append((flags[1], timeout))
+        now[0] += 70 if flags[1] == "256" else 40
+        return 1000.0 + now[0], "measured"
+    speeds = recipe.measure_speeds(table, ["small", "empty", "big", "last"], 100, measure, clock=lambda: now[0])
+    assert calls == [("256", 100), ("512", 30)]
+    assert speeds == {"small": (1070.0, "measured"), "empty": (None, "not measured: no measured runs in the table"),
+                      "big": (1110.0, "measured"),
+                      "last": (None, "not measured: the measurement's share of the budget ran out")}
+    predicted = recipe.predictions(table, speeds, 1000)
+    assert predicted["small"].tokens == 1070000.0 and predicted["small"].bleu == 30.0
+    assert predicted["last"] == recipe_table.Prediction(
+        None, None, None, "not measured: the measurement's share of the budget ran out")
+
+
+def test_what_was_measured_predicted_and_chosen_is_printed_as_a_table():
+    predicted = {"small": recipe_table.Prediction(1234.4, 5.678e6, 38.126, "interpolated"),
+                 "big": recipe_table.Prediction(None, None, None, "not measured")}
+    assert recipe.choice_lines(predicted, "small", "the highest predicted dev BLEU") == [
+        "candidate  measured tokens/s  predicted tokens  predicted dev BLEU  how",
+        "small                   1234            5.68 M               38.13  interpolated",
+        "big                        -                 -                   -  not measured",
+        "chose small: the highest predicted dev BLEU"]
+
+
+def test_the_benchmark_result_is_its_last_line_and_anything_else_is_a_failed_measurement():
+    assert recipe.bench_result('precision auto: fp32\n{"real_tgt_tokens_per_s": 12.5, "timed_steps": 5}\n') == {
+        "real_tgt_tokens_per_s": 12.5, "timed_steps": 5}
+    for output in ("", "Traceback (most recent call last):\n", '{"step_s": 1.0}\n'):
+        with pytest.raises(ValueError):
+            recipe.bench_result(output)
+
+
+def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_are_refused(capsys, tmp_path):
+    table = make_table([])
+    assert recipe.allowed_candidates(table, "empty, small") == ["small", "empty"]
+    assert recipe.allowed_candidates(table, None) == ["small", "big", "empty"]
+    logdir = tmp_path / "run"
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--candidates", "small,huge",
+                                    "--table", write_table(tmp_path, table), "--logdir", logdir)
+    assert code == 2 and out == "" and not logdir.exists()
+    assert err == ("error: --candidates small,huge: no such candidate huge; the table's candidates are small, "
+                   "big, empty\n")
+
+
+def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and_predicted(tmp_path, monkeypatch,
+                                                                                           capsys):
+    commands = []
+
+    def run_phase(command, log):  # instead of prepro.py, train.py and test.py: what they leave behind
+        commands.append(command)
+        if command[1] == "train.py":
+            (logdir / "hparams.json").write_text('{"precision": "fp32"}', encoding="utf-8")
+            return "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\nepoch 2 | step 20 | loss 2.5 | 1200 tgt tok/s\n", 5
+        if command[1] == "test.py":
+            testdir = Path(command[command.index("--testdir") + 1])
+            testdir.mkdir()
+            beam = int(command[command.index("--beam_size") + 1])
+            (testdir / "results.json").write_text('{"bleu": %d}' % (30 + beam), encoding="utf-8")
+        return "", 1
+    monkeypatch.setattr(recipe, "run", run_phase)
+    monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
+    monkeypatch.setattr(recipe, "bench_speed", lambda flags, data_dir, timeout, log: (
+        1000.0 if flags[1] == "256" else 900.0, "median of 5 steady-state steps"))
+    logdir = tmp_path / "run"
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
+                                    "--logdir", logdir, "--table", write_table(tmp_path, SMALL_AND_BIG))
+    assert (code, err) == (0, "")
+    # about 3,450 s of training: small 3.45 M tokens, 30 + 6 log10(3.45) = 33.2; big 3.1 M, 25 + 13 log10(3.1) = 31.4
+    results = json.loads((logdir / "recipe.json").read_text())
+    choice = results["choice"]
+    assert (choice["chosen"], choice["reason"]) == ("small", "the highest predicted dev BLEU")
+    assert choice["flags"] == results["recipe"] == ["--d_model", "256", "--lr_schedule", "linear"]
+    train_seconds = choice["candidates"]["small"]["predicted_tokens"] / 1000
+    assert choice["candidates"]["big"]["predicted_tokens"] == pytest.approx(900 * train_seconds)
+    assert choice["candidates"]["small"]["predicted_dev_bleu"] == pytest.approx(30 + 6 * math.log10(train_seconds
+                                                                                                   / 1000))
+    assert set(choice["candidates"]) == {"small", "big", "empty"}
+    assert choice["candidates"]["empty"]["how"] == "not measured: no measured runs in the table"
+    train = next(command for command in commands if command[1] == "train.py")
+    assert train[2:6] == ["--data_dir", "d", "--logdir", str(logdir)]
+    assert train[6:10] == choice["flags"] and train[10] == "--max_minutes"
+    assert float(train[11]) == pytest.approx(train_seconds / 60, abs=0.01)
+    assert (results["steps"], results["bleu_greedy"], results["bleu_beam"]) == (20, 31, 34)
+    assert results["command"] == "python scripts/recipe.py --minutes 60 --data_dir d --logdir %s --table %s" % (
+        logdir, tmp_path / "table.json")
+    assert "chose small: the highest predicted dev BLEU" in out and "measure and choose" in results["seconds"]
+
+
+# ------------------------------------------------------------------------------------------------
+# A finished run added to the table (scripts/add_recipe_run.py)
+
+
+@pytest.fixture(scope="module")
+def numbers_dir(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("recipe") / "data")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "600", "--n_eval", "40", "--n_test", "10",
+                        "--vocab_size", "200", "--data_dir", data_dir]) == 0
+    return data_dir
+
+
+def finished_run(tmp_path, data_dir, flags, checkpoint, recipe_json=None):
+    """A logdir as train.py leaves it, as far as add_recipe_run.py reads it: hparams.json and the checkpoint
+    index (no weights)."""
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    hp = Hparams().parser.parse_args(flags + ["--data_dir", data_dir, "--logdir", str(logdir), "--seed", "7",
+                                              "--precision", "bf16", "--max_minutes", "30"])
+    manifest = load_manifest(data_dir)
+    hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(data_dir, manifest)
+    save_hparams(hp, str(logdir))
+    (logdir / "checkpoint").write_text('model_checkpoint_path: "%s"\n' % checkpoint, encoding="utf-8")
+    if recipe_json:
+        (logdir / "recipe.json").write_text(json.dumps(recipe_json), encoding="utf-8")
+    return str(logdir)
+
+
+def tiny_table():
+    return {"train_flags": ["--lr_schedule", "linear"], "runs": [],
+            "candidates": [{"name": "wide", "flags": TINY[:2] + ["--d_ff", "128"] + TINY[4:]},
+                           {"name": "tiny", "flags": TINY}]}
+
+
+def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, numbers_dir, capsys):
+    logdir = finished_run(tmp_path, numbers_dir, TINY + ["--lr_schedule", "linear", "--eval_every", "0"],
+                          "E03_L2.50_B12.34-40", {"command": "python scripts/recipe.py --minutes 30", "machine": {
+                              "cpu": "Some CPU", "cores": 2, "isa_flags": ["avx2"]}})
+    path = write_table(tmp_path, tiny_table())
+    code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
+    assert (code, err) == (0, "")
+    tokens = trained_target_tokens(training_pairs(numbers_dir), 40, 300, "tokens", 7)
+    assert json.loads(Path(path).read_text())["runs"] == [{
+        "candidate": "tiny", "target_tokens": tokens, "steps": 40, "batch_size": 300, "dev_bleu": 12.34,
+        "precision": "bf16", "cpu": "Some CPU, 2 cores, avx2", "command": "python scripts/recipe.py --minutes 30",
+        "source": "logdir %s" % logdir}]
+    assert out == "added to %s: tiny, 40 steps, %.2f M target tokens, dev BLEU 12.34\n" % (path, tokens / 1e6)
+    code, _, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
+    assert code == 2 and err == "error: %s already has this run (tiny, 40 steps, dev BLEU 12.34)\n" % path
+
+
+@pytest.mark.parametrize("flags, checkpoint, extra, message", [
+    (TINY + ["--lr_schedule", "noam", "--dropout_rate", "0.3"], "E03_L2.50_B12.34-40", [],
+     "differs in --dropout_rate 0.3 (candidate: 0.1), --lr_schedule noam (candidate: linear): add a candidate"),
+    (TINY + ["--lr_schedule", "linear"], "interrupted-40", [], "interrupted-40, has no dev BLEU in its name"),
+    (TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40", [], "has no recipe.json naming the CPU: pass --cpu"),
+    (TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40", ["--cpu", "X"], "naming the command: pass"),
+])
+def test_a_run_that_can_not_be_a_row_is_refused_with_the_reason(tmp_path, numbers_dir, capsys, flags, checkpoint,
+                                                               extra, message):
+    logdir = finished_run(tmp_path, numbers_dir, flags, checkpoint)
+    path = write_table(tmp_path, tiny_table())
+    code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path,
+                                    *extra)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
+    assert message in err
+    assert json.loads(Path(path).read_text())["runs"] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The tables and the plot of scripts/plot_recipe.py
+
+
+def test_the_prediction_table_has_each_budget_with_the_choice_in_bold():
+    table = make_table([run("small", 1e6, 30.0), run("small", 1e7, 36.0), run("big", 1e7, 38.0)])
+    assert plot_recipe.predictions_markdown(table, [1e6, 10 ** 6.5, 1e8]) == [
+        "| candidate | 1 M tokens | 3.16228 M tokens | 100 M tokens |",
+        "|---|---|---|---|",
+        "| small | **30.00** | **33.00** | 36.00 |",
+        "| big | – | – | **38.00** |",
+        "| empty | – | – | – |"]
+
+
+def test_the_tables_go_between_the_markers_of_a_markdown_file(tmp_path):
+    doc = tmp_path / "recipe.md"
+    doc.write_text("intro\n%s\nold table\n%s\nrest\n" % (plot_recipe.BEGIN, plot_recipe.END), encoding="utf-8")
+    plot_recipe.update(str(doc), ["| new |"])
+    assert doc.read_text() == "intro\n%s\n| new |\n%s\nrest\n" % (plot_recipe.BEGIN, plot_recipe.END)
+    doc.write_text("no markers\n", encoding="utf-8")
+    with pytest.raises(UserError, match="must hold the line"):
+        plot_recipe.update(str(doc), ["| new |"])
+    with pytest.raises(UserError, match="^cannot read %s: No such file or directory$" % re.escape(str(doc) + "x")):
+        plot_recipe.update(str(doc) + "x", ["| new |"])
+
+
+def test_the_plot_is_a_png_of_the_size_asked_for(tmp_path):
+    path = tmp_path / "plot.png"
+    plot_recipe.plot(SMALL_AND_BIG, str(path))
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")) == (1000, 500)
