@@ -36,6 +36,17 @@ def tiny_model(tmp_path_factory):
     return logdir, data_dir
 
 
+@pytest.fixture(scope="session")
+def small_numbers_dir(tmp_path_factory):
+    """A data dir of 600 generated training pairs (vocabulary of 200 pieces) for tests that only read it: the
+    benchmarks' and the recipe's, which time or count a few steps on it."""
+    import prepro
+    data_dir = str(tmp_path_factory.mktemp("small_numbers") / "data")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "600", "--n_eval", "40", "--n_test", "10",
+                        "--vocab_size", "200", "--data_dir", data_dir]) == 0
+    return data_dir
+
+
 #: Fixtures that train a model; every test that uses one, directly or through another fixture, is slow.
 TRAINING_FIXTURES = {"tiny_model", "trained"}
 

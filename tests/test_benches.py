@@ -12,19 +12,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_data  # noqa: E402
 import bench_iterator  # noqa: E402
 import bench_train  # noqa: E402
-import prepro  # noqa: E402
 from errors import UserError  # noqa: E402
 
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "500",
         "--threads", "1"]
-
-
-@pytest.fixture(scope="module")
-def numbers_dir(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("bench") / "data")
-    assert prepro.main(["--dataset", "numbers", "--n_train", "600", "--n_eval", "40", "--n_test", "10",
-                        "--vocab_size", "200", "--data_dir", data_dir]) == 0
-    return data_dir
 
 
 def last_json(capsys):
@@ -42,12 +33,14 @@ def test_forward_flops_hand_computed():
     assert bench_train.forward_flops(hp, 2, 1, 1, 1) == 2 * 168 + 20
 
 
-def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio(numbers_dir, capsys, monkeypatch):
+def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio(small_numbers_dir, capsys,
+                                                                                      monkeypatch):
     # a smaller matmul than the 2048^2 of a real run: what is checked is the ratio, not the figure
     real_matmul_gflops = bench_train.matmul_gflops
     monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: real_matmul_gflops(config, n=512, repeats=3))
     with tf.Graph().as_default():  # fp32 asked for: --precision auto would pick bf16 on a CPU with bfloat16
-        bench_train.main(["--data_dir", numbers_dir, "--steps", "3", "--warmup", "2", "--precision", "fp32"] + TINY)
+        bench_train.main(["--data_dir", small_numbers_dir, "--steps", "3", "--warmup", "2", "--precision", "fp32"]
+                         + TINY)
     result = last_json(capsys)
     assert result["timed_steps"] == 3 and result["d_model"] == 32 and result["precision"] == "fp32"
     model, matmul = result["model_gflops_per_s"], result["matmul_gflops_per_s"]
@@ -58,18 +51,18 @@ def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio
     assert set(result["isa_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
 
 
-def test_bench_train_says_to_raise_max_steps_when_no_step_was_timed(numbers_dir, monkeypatch):
+def test_bench_train_says_to_raise_max_steps_when_no_step_was_timed(small_numbers_dir, monkeypatch):
     # without warm-up the first step is on a new batch shape, so with --max_steps 1 none is steady-state
     monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: 1.0)
     with tf.Graph().as_default(), pytest.raises(UserError) as error:
-        bench_train.main(["--data_dir", numbers_dir, "--steps", "1", "--warmup", "0", "--max_steps", "1"] + TINY)
+        bench_train.main(["--data_dir", small_numbers_dir, "--steps", "1", "--warmup", "0", "--max_steps", "1"] + TINY)
     assert str(error.value) == ("no step of the 1 after warm-up came on a batch shape seen before, so none was "
                                 "timed: raise --max_steps")
 
 
-def test_bench_iterator_times_every_switch_between_training_and_dev_data(numbers_dir, capsys):
+def test_bench_iterator_times_every_switch_between_training_and_dev_data(small_numbers_dir, capsys):
     with tf.Graph().as_default():
-        bench_iterator.main(["--data_dir", numbers_dir, "--rounds", "2", "--test_batch_size", "8"] + TINY)
+        bench_iterator.main(["--data_dir", small_numbers_dir, "--rounds", "2", "--test_batch_size", "8"] + TINY)
     result = last_json(capsys)
     assert len(result["train_init_s"]) == len(result["eval_init_s"]) == 2
     assert result["max_after_first_round_s"] == max(result["train_init_s"][1:] + result["eval_init_s"][1:])

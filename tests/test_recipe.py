@@ -294,14 +294,6 @@ def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and
 # A finished run added to the table (scripts/add_recipe_run.py)
 
 
-@pytest.fixture(scope="module")
-def numbers_dir(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("recipe") / "data")
-    assert prepro.main(["--dataset", "numbers", "--n_train", "600", "--n_eval", "40", "--n_test", "10",
-                        "--vocab_size", "200", "--data_dir", data_dir]) == 0
-    return data_dir
-
-
 def finished_run(tmp_path, data_dir, flags, checkpoint, recipe_json=None):
     """A logdir as train.py leaves it, as far as add_recipe_run.py reads it: hparams.json and the checkpoint
     index (no weights)."""
@@ -324,14 +316,14 @@ def tiny_table():
                            {"name": "tiny", "flags": TINY}]}
 
 
-def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, numbers_dir, capsys):
-    logdir = finished_run(tmp_path, numbers_dir, TINY + ["--lr_schedule", "linear", "--eval_every", "0"],
+def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, small_numbers_dir, capsys):
+    logdir = finished_run(tmp_path, small_numbers_dir, TINY + ["--lr_schedule", "linear", "--eval_every", "0"],
                           "E03_L2.50_B12.34-40", {"command": "python scripts/recipe.py --minutes 30", "machine": {
                               "cpu": "Some CPU", "cores": 2, "isa_flags": ["avx2"]}})
     path = write_table(tmp_path, tiny_table())
     code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
     assert (code, err) == (0, "")
-    tokens = trained_target_tokens(training_pairs(numbers_dir), 40, 300, "tokens", 7)
+    tokens = trained_target_tokens(training_pairs(small_numbers_dir), 40, 300, "tokens", 7)
     assert json.loads(Path(path).read_text())["runs"] == [{
         "candidate": "tiny", "target_tokens": tokens, "steps": 40, "batch_size": 300, "dev_bleu": 12.34,
         "precision": "bf16", "cpu": "Some CPU, 2 cores, avx2", "command": "python scripts/recipe.py --minutes 30",
@@ -348,9 +340,9 @@ def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, numbe
     (TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40", [], "has no recipe.json naming the CPU: pass --cpu"),
     (TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40", ["--cpu", "X"], "naming the command: pass"),
 ])
-def test_a_run_that_can_not_be_a_row_is_refused_with_the_reason(tmp_path, numbers_dir, capsys, flags, checkpoint,
+def test_a_run_that_can_not_be_a_row_is_refused_with_the_reason(tmp_path, small_numbers_dir, capsys, flags, checkpoint,
                                                                extra, message):
-    logdir = finished_run(tmp_path, numbers_dir, flags, checkpoint)
+    logdir = finished_run(tmp_path, small_numbers_dir, flags, checkpoint)
     path = write_table(tmp_path, tiny_table())
     code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path,
                                     *extra)
