@@ -6,8 +6,9 @@ import pytest
 import tensorflow as tf
 
 from model_fixtures import one_hot_smoothed_cross_entropy
-from modules import (dropout, get_token_embeddings, label_smoothing, ln, noam_cooldown_scheme, noam_scheme, output_loss,
-                     positional_encoding, scaled_dot_product_attention, smoothed_cross_entropy, warmup_decay_scheme)
+from modules import (dropout, get_token_embeddings, label_smoothing, ln, ln_reference, ln_variables, noam_cooldown_scheme,
+                     noam_scheme, output_loss, positional_encoding, scaled_dot_product_attention, smoothed_cross_entropy,
+                     warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
@@ -144,6 +145,25 @@ def test_ln_normalizes_each_position_before_gain_and_bias():
     outputs = run(lambda: ln(tf.constant(inputs)))  # gamma starts at 1 and beta at 0
     np.testing.assert_allclose(outputs.mean(-1), 0.0, atol=1e-5)
     np.testing.assert_allclose(outputs.var(-1), 1.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 16), (5, 16)])
+def test_ln_written_out_gradient_matches_automatic_differentiation(shape):
+    rng = np.random.RandomState(3)
+    inputs = (rng.randn(*shape) * 4 + 2).astype(np.float32)
+    upstream = rng.randn(*shape).astype(np.float32)  # a gradient that differs from position to position
+    gain, bias = (rng.rand(shape[-1]) + 0.5).astype(np.float32), rng.randn(shape[-1]).astype(np.float32)
+
+    def outputs_and_gradients(layer_norm):
+        x = tf.constant(inputs)
+        with tf1.variable_scope("ln"):
+            gamma, beta = ln_variables(shape[-1])
+        with tf.control_dependencies([gamma.assign(gain), beta.assign(bias)]):  # not the initial 1 and 0
+            y = layer_norm(x)
+        return [y] + tf.gradients(y, [x, gamma, beta], grad_ys=upstream)
+
+    for fast, reference in zip(run(lambda: outputs_and_gradients(ln)), run(lambda: outputs_and_gradients(ln_reference))):
+        np.testing.assert_allclose(fast, reference, rtol=1e-4, atol=1e-5)
 
 
 def test_noam_scheme_warms_up_linearly_peaks_then_decays_as_inverse_sqrt():
