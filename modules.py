@@ -148,20 +148,19 @@ def get_token_embeddings(vocab_size, num_units, zero_pad=True):
 
 
 def mask_keys(inputs, key_masks):
-    """Gives padded keys the attention logit MASKED_LOGIT (Section 3.2.3).
+    """Gives padded keys the attention logit MASKED_LOGIT (Section 3.2.3) by adding biases: a masked key's softmax
+    weight is exactly 0, and unlike selecting through a mask, the addition passes the gradient through unchanged.
 
     inputs: (N*h, T_q, T_k) logits, each sentence's h heads next to each other on the first axis.
     key_masks: (N, T_k) bool, True at padded key positions (made from token ids: tf.equal(x, 0)); or (N*h, 1, T_k)
     or (1, 1, T_k) float32 biases, MASKED_LOGIT at the masked keys and 0 elsewhere (key_biases), one row per logit
-    row (or one for all): the decoding loop makes them once per batch or step, and adding them costs a step less
-    than selecting through a mask. Either way a masked key's softmax weight is exactly 0.
+    row (or one for all), which the decoding loop makes once per batch or step.
     Returns (N*h, T_q, T_k).
     """
-    if key_masks.shape.rank == 3:
-        return inputs + tf.cast(key_masks, inputs.dtype)
-    heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
-    key_masks = tf.repeat(key_masks, heads, axis=0)  # (N*h, T_k)
-    return tf.where(key_masks[:, None, :], tf.cast(MASKED_LOGIT, inputs.dtype), inputs)
+    if key_masks.shape.rank == 2:
+        heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
+        key_masks = key_biases(tf.repeat(key_masks, heads, axis=0)[:, None, :])  # (N*h, 1, T_k)
+    return inputs + tf.cast(key_masks, inputs.dtype)
 
 
 def key_biases(key_masks):
@@ -171,9 +170,9 @@ def key_biases(key_masks):
 
 def mask_future(inputs):
     """Gives keys later than their query the attention logit MASKED_LOGIT (Section 3.2.3, the decoder's
-    self-attention). inputs: (N, T_q, T_k) logits. Returns (N, T_q, T_k)."""
+    self-attention), by adding biases as mask_keys does. inputs: (N, T_q, T_k) logits. Returns (N, T_q, T_k)."""
     allowed = tf.linalg.band_part(tf.ones_like(inputs[0, :, :]), -1, 0) > 0  # (T_q, T_k): key <= query
-    return tf.where(allowed[None, :, :], inputs, tf.cast(MASKED_LOGIT, inputs.dtype))
+    return inputs + tf.cast(key_biases(tf.logical_not(allowed)), inputs.dtype)[None, :, :]
 
 
 def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True):
