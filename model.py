@@ -17,9 +17,9 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
 import numpy as np
 import tensorflow as tf
 
-from modules import (affine, cross_attention, dense, dropout, ff, fused_dense, fused_dense_variables,
+from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
                      get_token_embeddings, key_biases, ln, noam_cooldown_scheme, noam_scheme, output_loss,
-                     positional_encoding, scaled_dot_product_attention, self_attention, split_heads, sublayer_input,
+                     positional_encoding, scaled_dot_product_attention, self_attention, sublayer_input,
                      sublayer_output, warmup_decay_scheme)
 from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (PAD_ID: for the modules that import it from here)
 
@@ -148,8 +148,8 @@ class Transformer:
         with tf1.variable_scope("decoder", reuse=True):
             for i in range(self.hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
-                    K, V = fused_dense(memory, self.hp.d_model, ("k", "v"), self.dtype)  # each (B, T1, d_model)
-                    projections.append((split_heads(K, self.hp.num_heads), split_heads(V, self.hp.num_heads)))
+                    projections.append(fused_heads(memory, self.hp.d_model, ("k", "v"), self.hp.num_heads,
+                                                   self.dtype))  # K, V: each (B*h, T1, d_model/h)
         return projections
 
     def _self_attention_kernels(self):

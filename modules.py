@@ -54,11 +54,19 @@ def fused_dense_variables(d_in, units, scopes):
     return tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
 
 
-def fused_dense(inputs, units, scopes, dtype=tf.float32):
-    """The dense layers `scopes` on the same inputs (..., d_in) as one matrix product (fused_dense_variables).
-    Returns a list of len(scopes) tensors (..., units) in dtype."""
+def fused_heads(inputs, units, scopes, num_heads, dtype=tf.float32):
+    """The dense layers `scopes` on the same inputs (N, T, d_in) as one matrix product (fused_dense_variables), each
+    output split into heads (split_heads) by one transpose for all of them.
+
+    Returns a list of len(scopes) tensors (N*h, T, units/h) in dtype.
+    """
     kernel, bias = fused_dense_variables(inputs.shape[-1], units, scopes)
-    return tf.split(affine(inputs, kernel, bias, dtype), len(scopes), axis=-1)
+    outputs = affine(inputs, kernel, bias, dtype)  # (N, T, P*units), P = len(scopes)
+    n_batch, length, parts = tf.shape(inputs)[0], tf.shape(inputs)[1], len(scopes)
+    heads = tf.reshape(outputs, [n_batch, length, parts, num_heads, units // num_heads])  # (N, T, P, h, units/h)
+    heads = tf.transpose(heads, [2, 0, 3, 1, 4])  # (P, N, h, T, units/h)
+    # unstacking the outer axis shares the transposed buffer instead of copying parts of it
+    return tf.unstack(tf.reshape(heads, [parts, -1, length, units // num_heads]))  # P x (N*h, T, units/h)
 
 
 def dropout(inputs, rate, training):
@@ -211,15 +219,13 @@ def merge_heads(x, num_heads):
 
 
 def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True):
-    """Attention of every head at once (Section 3.2.2), on projected queries, keys and values.
+    """Attention of every head at once (Section 3.2.2), on projected queries, keys and values split into heads.
 
-    Q: (N, T_q, d_model). K, V: (N, T_k, d_model), float32 or 16-bit. key_masks: (N, T_k) bool or None.
+    Q: (N*h, T_q, d_model/h). K, V: (N*h, T_k, d_model/h), float32 or 16-bit. key_masks: (N, T_k) bool or None.
     Returns outputs (N, T_q, d_model) in V's dtype (heads concatenated, before the output projection)
     and attention weights (N, h, T_q, T_k) float32.
     """
-    outputs, attention = scaled_dot_product_attention(
-        split_heads(Q, num_heads), split_heads(K, num_heads), split_heads(V, num_heads),  # (N*h, T, d_model/h)
-        key_masks, causality, dropout_rate, training)
+    outputs, attention = scaled_dot_product_attention(Q, K, V, key_masks, causality, dropout_rate, training)
     t_q, t_k = tf.shape(Q)[1], tf.shape(K)[1]
     return merge_heads(outputs, num_heads), tf.reshape(attention, [-1, num_heads, t_q, t_k])  # (N, h, T_q, T_k)
 
@@ -249,8 +255,8 @@ def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality,
     """The part of an attention sublayer after the projections: the heads' attention, the output projection `o`
     (in the current variable scope), the residual connection and layer norm (Sections 3.2.2 and 3.1).
 
-    queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N, T_q, d_model). K, V: (N, T_k, d_model).
-    key_masks: (N, T_k) bool or None. Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
+    queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N*h, T_q, d_model/h). K, V: (N*h, T_k,
+    d_model/h), split into heads. key_masks: (N, T_k) bool or None. Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
     """
     outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
     outputs = dense(outputs, queries.shape[-1], scope="o", dtype=dtype)
@@ -272,7 +278,7 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(inputs, norm_type)
-        Q, K, V = fused_dense(x, inputs.shape[-1], ("q", "k", "v"), dtype)  # each (N, T, d_model)
+        Q, K, V = fused_heads(x, inputs.shape[-1], ("q", "k", "v"), num_heads, dtype)  # each (N*h, T, d_model/h)
         return attention_sublayer_output(inputs, Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
                                          norm_type, dtype)
 
@@ -290,8 +296,8 @@ def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., tr
     d_model = queries.shape[-1]
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(queries, norm_type)
-        Q = dense(x, d_model, scope="q", dtype=dtype)  # (N, T_q, d_model)
-        K, V = fused_dense(memory, d_model, ("k", "v"), dtype)  # each (N, T_k, d_model)
+        Q = split_heads(dense(x, d_model, scope="q", dtype=dtype), num_heads)  # (N*h, T_q, d_model/h)
+        K, V = fused_heads(memory, d_model, ("k", "v"), num_heads, dtype)  # each (N*h, T_k, d_model/h)
         return attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, False, dropout_rate, training,
                                          norm_type, dtype)
 

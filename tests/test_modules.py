@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from model_fixtures import one_hot_smoothed_cross_entropy
-from modules import (dropout, get_token_embeddings, label_smoothing, ln, ln_reference, ln_variables, noam_cooldown_scheme,
-                     noam_scheme, output_loss, positional_encoding, scaled_dot_product_attention, smoothed_cross_entropy,
-                     warmup_decay_scheme)
+from modules import (dense, dropout, fused_heads, get_token_embeddings, label_smoothing, ln, ln_reference, ln_variables,
+                     noam_cooldown_scheme, noam_scheme, output_loss, positional_encoding, scaled_dot_product_attention,
+                     smoothed_cross_entropy, split_heads, warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
@@ -164,6 +164,21 @@ def test_ln_written_out_gradient_matches_automatic_differentiation(shape):
 
     for fast, reference in zip(run(lambda: outputs_and_gradients(ln)), run(lambda: outputs_and_gradients(ln_reference))):
         np.testing.assert_allclose(fast, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_heads_match_separate_projections_split_into_heads():
+    inputs = np.random.RandomState(4).randn(3, 5, 12).astype(np.float32)
+
+    def fused_and_separate():
+        x = tf.constant(inputs)
+        fused = fused_heads(x, 8, ("q", "k", "v"), num_heads=2)  # creates q, k and v
+        separate = [split_heads(dense(x, 8, scope=scope), 2) for scope in ("q", "k", "v")]  # reuses them
+        return fused, separate
+
+    fused, separate = run(fused_and_separate)
+    assert [f.shape for f in fused] == [(6, 5, 4)] * 3  # (N*h, T, units/h)
+    for got, want in zip(fused, separate):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_noam_scheme_warms_up_linearly_peaks_then_decays_as_inverse_sqrt():
