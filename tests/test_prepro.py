@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-import datadir
+import databuild
 import prepro
 from data_load import load_side
 from corpora import SPLITS, LinesOf
@@ -557,8 +557,8 @@ TOY_OPTIONS = {"dataset": "files", "vocab_size": 80, "dedup": True, "filter_rati
 
 def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
     splits, sources = toy_splits(tmp_path / "in")
-    whole = datadir.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
-    chunked = datadir.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
+    whole = databuild.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
+    chunked = databuild.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
     assert whole == chunked and whole["splits"]["train"]["lines"] == 300  # 300 > 7: 43 chunks
     names = sorted(path.name for path in (tmp_path / "whole").iterdir())
     assert names == sorted(path.name for path in (tmp_path / "chunked").iterdir())
@@ -568,7 +568,7 @@ def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
 
 def test_bpe_is_trained_on_a_seeded_sample_of_a_large_corpus(tmp_path):
     splits, sources = toy_splits(tmp_path / "in")
-    builds = [datadir.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
+    builds = [databuild.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
               for name in ("a", "b")]
     # 301 pairs without an empty side or a repeat (the length-ratio outlier leaves train after BPE)
     assert builds[0]["bpe_training"] == {"sentences": 602, "sample": 400}
