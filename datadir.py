@@ -31,7 +31,7 @@ import sentencepiece as spm
 from corpora import SIDES, log
 from errors import UserError
 from idsfile import ids_dtype, map_file, release_pages
-from textio import SPECIAL_PIECES, iter_lines, write_json
+from textio import SPECIAL_PIECES, iter_lines, read_json, sha256_file, write_json
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
 MANIFEST_FORMAT = 2
@@ -56,7 +56,8 @@ def output_files(manifest):
 
 
 def read_manifest(data_dir):
-    """The manifest of ``data_dir`` as a dict, or None if there is none."""
+    """The manifest of ``data_dir`` as a dict, or None if there is none: how a build tells whether the directory
+    already holds it. The tools that read a data dir call load_manifest."""
     path = Path(data_dir) / MANIFEST_NAME
     if not path.exists():
         return None
@@ -162,6 +163,80 @@ def build_manifest(options, processor, inputs, downloads, split_reports, bpe_tra
 
 
 # ----------------------------------------------------------------------------------------------
+# Reading a data directory
+
+
+def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
+    """Reads the manifest of data_dir, written last by prepro.py, and checks the files of the data dir that a tool
+    reads (check_files): its sentencepiece model and the files of `splits`. trained_data_dir and logdir (a trained
+    model's) make the message for a missing one say where a relative data dir was looked for."""
+    fpath = os.path.join(data_dir, MANIFEST_NAME)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UserError("--data_dir %s is a file, not a directory: pass the directory that prepro.py wrote"
+                        % data_dir)
+    if not os.path.exists(fpath):
+        if data_dir == trained_data_dir and not os.path.isabs(data_dir):
+            raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative to the directory "
+                            "train.py ran in; run from there, or pass --data_dir" % (fpath, os.getcwd(), data_dir,
+                                                                                     logdir))
+        raise UserError("%s not found: run `python prepro.py --data_dir %s` first" % (fpath, data_dir))
+    manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py --data_dir %s "
+                                "--force` and the options it was built with" % data_dir)
+    if not isinstance(manifest, dict) or "splits" not in manifest:
+        raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
+                        "--data_dir %s --force`" % (fpath, data_dir))
+    check_files(data_dir, manifest, splits)
+    return manifest
+
+
+def has_ids(manifest):
+    """Whether the data dir has ids files (format 2); one of format 1 has its splits' ids as .bpe text only."""
+    return manifest.get("format", 1) >= 2
+
+
+def split_paths(data_dir, manifest, split):
+    """The paths of a split's files that the manifest lists: {key of split_files: path}."""
+    entry = manifest["splits"][split]
+    return {key: os.path.join(data_dir, entry[key]) for key in split_files(split) if key in entry}
+
+
+def bpe_model_path(data_dir, manifest):
+    """The path of the data dir's sentencepiece model, which segments text into the vocabulary's pieces."""
+    return os.path.join(data_dir, manifest["bpe_model"])
+
+
+def bpe_vocab_path(data_dir, manifest):
+    """The path of the data dir's BPE vocabulary file (line i: "piece<TAB>score" of id i)."""
+    return os.path.join(data_dir, manifest["bpe_vocab"])
+
+
+def fingerprint(data_dir, manifest):
+    """What ties a model to the data dir it was trained on, as recorded in hparams.json: vocab_size,
+    vocab_sha256 (of its BPE vocabulary: two vocabularies of the same size can still differ) and bpe_sha256 (of
+    its sentencepiece model)."""
+    return {"vocab_size": manifest["vocab_size"], "vocab_sha256": sha256_file(bpe_vocab_path(data_dir, manifest)),
+            "bpe_sha256": sha256_file(bpe_model_path(data_dir, manifest))}
+
+
+def check_vocab(hp, manifest, trained_data_dir):
+    """A model can only read a data dir whose vocabulary and sentencepiece model it was trained with: same size
+    and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs lack the latter), the same files.
+    The data dir's own bpe.model and bpe.vocab agree with each other (check_files), so an older logdir whose data
+    dir had its bpe.model swapped is refused too."""
+    if manifest["vocab_size"] != hp.vocab_size:
+        raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
+                        "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
+                                                    trained_data_dir))
+    found = fingerprint(hp.data_dir, manifest)
+    for key, what in (("vocab_sha256", "BPE vocabulary (%s)" % manifest["bpe_vocab"]),
+                      ("bpe_sha256", "sentencepiece model (%s)" % manifest["bpe_model"])):
+        if getattr(hp, key, None) not in (None, found[key]):
+            raise UserError("the %s of %s is not the one the model in %s was trained with, although the vocabulary "
+                            "has its size %d: pass the --data_dir it was trained on (%s), or rebuild this one as it "
+                            "was built then" % (what, hp.data_dir, hp.logdir, hp.vocab_size, trained_data_dir))
+
+
+# ----------------------------------------------------------------------------------------------
 # Checking a data directory before it is used
 
 
@@ -191,7 +266,7 @@ def check_files(data_dir, manifest, splits):
     or ids outside the vocabulary. Tools call it before any work: a mismatch found at the end would cost the run."""
     data_dir = Path(data_dir)
     files = [manifest["bpe_model"], manifest["bpe_vocab"]]
-    keys = ("raw1", "raw2") + (("ids1", "offsets1", "ids2", "offsets2") if manifest.get("format", 1) >= 2
+    keys = ("raw1", "raw2") + (("ids1", "offsets1", "ids2", "offsets2") if has_ids(manifest)
                                else ("bpe1", "bpe2"))
     files += [manifest["splits"][split][key] for split in splits for key in keys]
     for name in files:
@@ -219,7 +294,7 @@ def check_split(data_dir, manifest, split):
     entry, expected = manifest["splits"][split], manifest["splits"][split]["lines"]
     counts = {}
     for side in SIDES:
-        if manifest.get("format", 1) >= 2:
+        if has_ids(manifest):
             counts[entry[f"offsets{side}"]] = (data_dir / entry[f"offsets{side}"]).stat().st_size // 8 - 1
             check_ids_range(data_dir, data_dir / entry[f"ids{side}"], manifest)
         else:
@@ -230,7 +305,7 @@ def check_split(data_dir, manifest, split):
     if wrong:
         found = ", ".join(f"{name} {count}" for name, count in counts.items())
         raise damaged(data_dir, f"the {split} split of {data_dir} should have {expected} lines in each file "
-                                f"(manifest.json) but has: {found}")
+                                f"({MANIFEST_NAME}) but has: {found}")
 
 
 def check_ids_range(data_dir, path, manifest):

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 import ctranslate2_engine
 from data_load import PAD_ID
+from datadir import bpe_model_path
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
 from model import Transformer
@@ -141,7 +142,7 @@ def main(argv=None):
     tf.get_logger().setLevel("ERROR")
     args, hp = parse_args(argv)
     manifest, ckpt = trained_model_files(hp, args.ckpt)
-    bpe_model = os.path.join(hp.data_dir, manifest["bpe_model"])
+    bpe_model = bpe_model_path(hp.data_dir, manifest)
     if args.format == "ctranslate2":
         export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""

@@ -20,8 +20,9 @@ from model import Transformer
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from textio import atomic_write, check_writable_dir
-from utils import (calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision,
-                   restore, session_config, split_paths, trained_model_files)
+from datadir import bpe_model_path, split_paths
+from utils import (calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision, restore,
+                   session_config, trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -51,7 +52,7 @@ def main(argv=None):
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
     ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
     with tf1.Session(config=session_config(hp)) as sess:
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()

@@ -35,10 +35,10 @@ from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, parse_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
 from textio import atomic_write, check_writable_dir
-from utils import (Progress, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint, fingerprint,
-                   get_hypotheses, is_averaged, load_manifest, load_trained_hparams, logdir_lock, read_lines,
-                   remove_stale_pins, resolve_precision, restore, save_hparams, save_variable_specs, session_config,
-                   split_paths)
+from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
+from utils import (Progress, calc_bleu, check_ranges, checkpoint_state, find_checkpoint, get_hypotheses, is_averaged,
+                   load_trained_hparams, logdir_lock, read_lines, remove_stale_pins, resolve_precision, restore,
+                   save_hparams, save_variable_specs, session_config)
 
 tf1 = tf.compat.v1
 
@@ -440,7 +440,7 @@ def train(hp, manifest, cluster):
     num_params = save_variable_specs(os.path.join(hp.logdir, "specs.txt"))
     print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
           % (g.num_train, g.num_over, "truncated" if hp.truncate else "skipped", g.num_eval, num_params))
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)

@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 import ctranslate2_engine
 from data_load import pad
+from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from model import NEG_INF, Transformer, max_decoding_steps
@@ -366,7 +367,7 @@ def main(argv=None):
         sp = translator.sp
     else:
         manifest, ckpt = trained_model_files(hp, hp.ckpt)
-        sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+        sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
         translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
     plots = AttentionPlots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>

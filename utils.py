@@ -24,12 +24,11 @@ from tqdm import tqdm
 
 import datadir
 import runtime
-import textio
 from errors import DiskFull, UserError, is_disk_full
 from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error, type_error
 from model import SCHEDULE_TOTAL_STEPS
 # read_lines: for the tools that import it from here
-from textio import EOS_ID, PAD_ID, atomic_write, read_lines  # noqa: F401
+from textio import EOS_ID, PAD_ID, atomic_write, read_json, read_lines  # noqa: F401
 
 tf1 = tf.compat.v1
 
@@ -65,16 +64,6 @@ def logdir_lock(logdir, tool="train.py"):
         raise
     finally:
         os.close(fd)  # releases the lock
-
-
-def read_json(fpath, remedy):
-    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a UserError naming it,
-    what is wrong and `remedy`, what to do about it."""
-    try:
-        with open(fpath, encoding="utf-8") as f:
-            return json.load(f)
-    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
-        raise UserError("%s is not valid JSON (%s): %s" % (fpath, str(error).splitlines()[0][:120], remedy)) from None
 
 
 def session_config(hp):
@@ -140,8 +129,8 @@ def trained_model_files(hp, ckpt="", splits=()):
     """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
     checking the data dir's files (those of `splits` too), that the data dir's vocabulary is the one the model was
     trained with and that the checkpoint holds trained weights."""
-    manifest = load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir, splits)
-    check_vocab(hp, manifest, hp.trained_data_dir)
+    manifest = datadir.load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir, splits)
+    datadir.check_vocab(hp, manifest, hp.trained_data_dir)
     ckpt = find_checkpoint(hp.logdir, ckpt)
     check_trained(ckpt, hp.logdir)
     return manifest, ckpt
@@ -158,41 +147,6 @@ def check_trained(ckpt, logdir):
         raise UserError("%s holds untrained weights (global step 0: a run interrupted before its first step saved "
                         "it): train first, or pass another --ckpt; checkpoints in %s: %s"
                         % (ckpt, logdir, existing_checkpoints(logdir)))
-
-
-def vocab_sha256(data_dir, manifest):
-    """sha256 of data_dir's BPE vocabulary file: two vocabularies of the same size can still differ."""
-    return textio.sha256_file(os.path.join(data_dir, manifest["bpe_vocab"]))
-
-
-def bpe_sha256(data_dir, manifest):
-    """sha256 of data_dir's sentencepiece model, which segments the text into the vocabulary's pieces."""
-    return textio.sha256_file(os.path.join(data_dir, manifest["bpe_model"]))
-
-
-def fingerprint(data_dir, manifest):
-    """What ties a model to the data dir it was trained on, as recorded in hparams.json: vocab_size,
-    vocab_sha256 and bpe_sha256."""
-    return {"vocab_size": manifest["vocab_size"], "vocab_sha256": vocab_sha256(data_dir, manifest),
-            "bpe_sha256": bpe_sha256(data_dir, manifest)}
-
-
-def check_vocab(hp, manifest, trained_data_dir):
-    """A model can only read a data dir whose vocabulary and sentencepiece model it was trained with: same size
-    and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs lack the latter), the same files.
-    The data dir's own bpe.model and bpe.vocab agree with each other (datadir.check_files), so an older logdir
-    whose data dir had its bpe.model swapped is refused too."""
-    if manifest["vocab_size"] != hp.vocab_size:
-        raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
-                        "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
-                                                    trained_data_dir))
-    found = fingerprint(hp.data_dir, manifest)
-    for key, what in (("vocab_sha256", "BPE vocabulary (%s)" % manifest["bpe_vocab"]),
-                      ("bpe_sha256", "sentencepiece model (%s)" % manifest["bpe_model"])):
-        if getattr(hp, key, None) not in (None, found[key]):
-            raise UserError("the %s of %s is not the one the model in %s was trained with, although the vocabulary "
-                            "has its size %d: pass the --data_dir it was trained on (%s), or rebuild this one as it "
-                            "was built then" % (what, hp.data_dir, hp.logdir, hp.vocab_size, trained_data_dir))
 
 
 #: Name prefix of the checkpoints avg_checkpoints.py writes; training resumes from its own checkpoints only.
@@ -381,35 +335,6 @@ def remove_stale_pins(logdir):
             shutil.rmtree(path, ignore_errors=True)
         except (ValueError, OSError):  # not ours, or a process of another user: still alive
             pass
-
-
-def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
-    """Reads data_dir/manifest.json, written last by prepro.py, and checks the files of the data dir that a tool
-    reads (datadir.check_files): its sentencepiece model and the files of `splits`. trained_data_dir and logdir
-    (a trained model's) make the message for a missing one say where a relative data dir was looked for."""
-    fpath = os.path.join(data_dir, "manifest.json")
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise UserError("--data_dir %s is a file, not a directory: pass the directory that prepro.py wrote"
-                        % data_dir)
-    if not os.path.exists(fpath):
-        if data_dir == trained_data_dir and not os.path.isabs(data_dir):
-            raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative to the directory "
-                            "train.py ran in; run from there, or pass --data_dir" % (fpath, os.getcwd(), data_dir,
-                                                                                     logdir))
-        raise UserError("%s not found: run `python prepro.py --data_dir %s` first" % (fpath, data_dir))
-    manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py --data_dir %s "
-                                "--force` and the options it was built with" % data_dir)
-    if not isinstance(manifest, dict) or "splits" not in manifest:
-        raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
-                        "--data_dir %s --force`" % (fpath, data_dir))
-    datadir.check_files(data_dir, manifest, splits)
-    return manifest
-
-
-def split_paths(data_dir, manifest, split):
-    """Absolute paths of a split's files: dict with raw1, raw2, bpe1, bpe2."""
-    files = manifest["splits"][split]
-    return {key: os.path.join(data_dir, files[key]) for key in ("raw1", "raw2", "bpe1", "bpe2")}
 
 
 def save_variable_specs(fpath):

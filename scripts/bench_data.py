@@ -34,9 +34,10 @@ import tensorflow as tf  # noqa: E402
 
 from bench_train import matmul_gflops  # noqa: E402
 from data_load import get_batch  # noqa: E402
+from datadir import MANIFEST_NAME, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from textio import iter_lines  # noqa: E402
-from utils import load_manifest, session_config  # noqa: E402
+from utils import session_config  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -163,7 +164,7 @@ def main(argv=None):
     result = {"pairs": args.pairs}
     paths = make_corpus(args.multi30k, workdir / ("corpus-%d" % args.pairs), args.pairs, args.eval_lines)
     big = workdir / ("data-%d" % args.pairs)
-    if not (args.reuse and (big / "manifest.json").exists()):
+    if not (args.reuse and (big / MANIFEST_NAME).exists()):
         result["prepro_s"], memory = prepro(paths, big)
         result.update({"prepro_%s_mb" % key: value for key, value in memory.items()})
     reference_paths = {**paths, "train1": Path(args.multi30k) / "train.de", "train2": Path(args.multi30k) / "train.en"}

@@ -43,11 +43,12 @@ import tensorflow as tf  # noqa: E402
 import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, load_side, pad  # noqa: E402
+from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
-from utils import (check_vocab, find_checkpoint, load_manifest, load_trained_hparams, resolve_precision,  # noqa: E402
-                   restore, session_config)
+from utils import (find_checkpoint, load_trained_hparams, resolve_precision, restore,  # noqa: E402
+                   session_config)
 
 tf1 = tf.compat.v1
 
@@ -202,7 +203,7 @@ def main(argv=None):
     ops = {"cached_greedy": cached_ids, "beam4": model.translate(xs, BEAM, *decoding)[0]}
     if not args.no_uncached:
         ops["uncached_greedy"] = model.translate(xs, 1, *decoding, cached=False)[0]
-    bpe_model = os.path.join(hp.data_dir, load_manifest(hp.data_dir)["bpe_model"])
+    bpe_model = bpe_model_path(hp.data_dir, load_manifest(hp.data_dir))
     with tf1.Session(config=config) as sess, tempfile.TemporaryDirectory() as tmp:
         if args.logdir:
             restore(sess, find_checkpoint(hp.logdir, hp.ckpt), hp.logdir)

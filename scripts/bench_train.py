@@ -32,8 +32,9 @@ import tensorflow as tf  # noqa: E402
 import distributed  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from data_load import get_batch  # noqa: E402
+from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from utils import load_manifest, resolve_precision, session_config  # noqa: E402
+from utils import resolve_precision, session_config  # noqa: E402
 
 tf1 = tf.compat.v1
 

@@ -36,6 +36,7 @@ import test as test_cli
 import train
 import translate
 import utils
+from datadir import MANIFEST_NAME, load_manifest
 from in_process import run_in_process
 from textio import atomic_write
 from utils import calc_bleu, read_lines, session_config
@@ -466,12 +467,12 @@ def test_prepro_filters_thousands_of_bad_training_pairs_and_never_dev_or_test(tm
             "--vocab_size", "300"]
 
     assert prepro.main(args + ["--data_dir", str(tmp_path / "reported")]) == 0
-    report = json.loads((tmp_path / "reported" / "manifest.json").read_text())["splits"]
+    report = json.loads((tmp_path / "reported" / MANIFEST_NAME).read_text())["splits"]
     assert (report["train"]["empty_pairs"], report["train"]["duplicate_pairs"]) == (1200, 2000)
     assert report["train"]["ratio_outliers"] == 50 and report["train"]["lines"] == 3000 + 2000 + 50
 
     assert prepro.main(args + ["--dedup", "--filter_ratio", "--data_dir", str(tmp_path / "filtered")]) == 0
-    report = json.loads((tmp_path / "filtered" / "manifest.json").read_text())["splits"]
+    report = json.loads((tmp_path / "filtered" / MANIFEST_NAME).read_text())["splits"]
     assert (report["train"]["dropped_empty"], report["train"]["dropped_duplicates"],
             report["train"]["dropped_ratio"]) == (1200, 2000, 50)
     kept = list(zip(read_lines(tmp_path / "filtered" / "train.1"), read_lines(tmp_path / "filtered" / "train.2")))
@@ -638,7 +639,7 @@ def test_prepro_refuses_an_empty_dev_or_test_split(tmp_path, capsys):
         assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "the %s split is empty (--%s1 %s" % (name, split, tmp_path / split) in error
-        assert not (tmp_path / "data" / "manifest.json").exists()
+        assert not (tmp_path / "data" / MANIFEST_NAME).exists()
 
 
 def test_train_refuses_a_training_set_that_the_length_limits_empty(tmp_path):
@@ -661,9 +662,9 @@ def emptied_split(data_dir, target, split):
     shutil.copytree(data_dir, target)
     for name in ("%s.1" % split, "%s.2" % split, "%s.1.bpe" % split, "%s.2.bpe" % split):
         (target / name).write_bytes(b"")
-    manifest = json.loads((target / "manifest.json").read_text())
+    manifest = json.loads((target / MANIFEST_NAME).read_text())
     manifest["splits"][split]["lines"] = 0
-    (target / "manifest.json").write_text(json.dumps(dict(manifest, format=1)))
+    (target / MANIFEST_NAME).write_text(json.dumps(dict(manifest, format=1)))
     return target
 
 
@@ -689,9 +690,9 @@ def test_a_failed_force_rebuild_leaves_the_old_data_dir_usable(tmp_path, capsys)
     assert prepro.main([*small, "--vocab_size", "100000", "--force"]) == 2  # more pieces than the corpus has
     assert "vocab" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in data.iterdir()} == before
-    assert utils.load_manifest(str(data))["vocab_size"] == 100
+    assert load_manifest(str(data))["vocab_size"] == 100
     assert prepro.main([*small, "--vocab_size", "120", "--force"]) == 0
-    assert utils.load_manifest(str(data))["vocab_size"] == 120 and set(os.listdir(data)) == set(before)
+    assert load_manifest(str(data))["vocab_size"] == 120 and set(os.listdir(data)) == set(before)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -767,10 +768,10 @@ def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_p
 
     broken_data = tmp_path / "data"
     shutil.copytree(data_dir, broken_data)
-    (broken_data / "manifest.json").write_text("not json\n")
+    (broken_data / MANIFEST_NAME).write_text("not json\n")
     for main in (train.main, test_cli.main):
         with pytest.raises(utils.UserError, match="%s is not valid JSON .*prepro.py --data_dir %s --force" % (
-                re.escape(str(broken_data / "manifest.json")), re.escape(str(broken_data)))):
+                re.escape(str(broken_data / MANIFEST_NAME)), re.escape(str(broken_data)))):
             main(["--logdir", str(trained), "--data_dir", str(broken_data)])
 
     broken_index = copy_logdir(trained, tmp_path / "index")
