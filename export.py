@@ -19,7 +19,7 @@ and translate.json (the decoding settings and the model's source length limit) f
 """
 import os
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+import runtime  # first: TensorFlow's environment defaults
 
 import shlex
 import shutil
@@ -34,8 +34,7 @@ from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
 from model import Transformer
 from textio import check_writable_dir
-from utils import (load_trained_hparams, pinned_checkpoint, resolve_precision, restore, session_config,
-                   trained_model_files)
+from utils import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
 
 tf1 = tf.compat.v1
 
@@ -73,7 +72,7 @@ def parse_args(argv):
     args.quantization = args.quantization or "float32"
     hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in DECODING_FLAGS
                                             if getattr(args, flag) is not None})
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
@@ -148,7 +147,7 @@ def main(argv=None):
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""
               % (os.path.basename(ckpt), args.quantization, args.export_dir, shlex.quote(args.export_dir)))
         return 0
-    with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
+    with tf.Graph().as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)

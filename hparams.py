@@ -10,7 +10,7 @@ import json
 import math
 
 from datadir import MANIFEST_NAME
-from errors import OneLineParser
+from errors import OneLineParser, UserError
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its own flags):
 #: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.
@@ -223,6 +223,14 @@ def range_error(hp, flags=None, where=None):
                 "lower --maxlen1/--maxlen2, or pass --batch_type sentences"
                 % (values["batch_size"], values["maxlen1"], values["maxlen2"], longest))
     return None
+
+
+def check_ranges(hp, flags=None):
+    """Raises a UserError naming the first flag of hp (of `flags`, default all) outside its range (see
+    range_error): checked before anything is built."""
+    problem = range_error(hp, flags)
+    if problem:
+        raise UserError(problem)
 
 
 #: The types of the values hparams.json holds besides flags (train.py records them from the data dir).

@@ -13,7 +13,7 @@ import time
 
 STARTED = time.time()  # before TensorFlow is imported: start-up time counts from here
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+import runtime  # first: TensorFlow's environment defaults
 
 import collections.abc
 import contextlib
@@ -32,13 +32,13 @@ import tensorflow as tf
 import distributed
 from data_load import eval_order, get_batch
 from errors import DiskFull, UserError, is_disk_full, run_cli
-from hparams import Hparams, parse_flags
+from hparams import Hparams, check_ranges, parse_flags
 from model import SCHEDULE_TOTAL_STEPS, Transformer
 from textio import atomic_write, check_writable_dir
 from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
-from utils import (Progress, calc_bleu, check_ranges, checkpoint_state, find_checkpoint, get_hypotheses, is_averaged,
-                   load_trained_hparams, logdir_lock, read_lines, remove_stale_pins, resolve_precision, restore,
-                   save_hparams, save_variable_specs, session_config)
+from utils import (Progress, calc_bleu, checkpoint_state, find_checkpoint, get_hypotheses, is_averaged,
+                   load_trained_hparams, logdir_lock, read_lines, remove_stale_pins, restore, save_hparams,
+                   save_variable_specs)
 
 tf1 = tf.compat.v1
 
@@ -59,7 +59,7 @@ def resolve_hparams(argv):
     if trained_data_dir:
         check_vocab(hp, manifest, trained_data_dir)
     vars(hp).update(fingerprint(hp.data_dir, manifest))
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     return hp, manifest
 
 
@@ -427,7 +427,7 @@ def main(argv=None):
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
         os.makedirs(hp.logdir, exist_ok=True)
-        cluster = distributed.make_cluster(hp, session_config(hp))
+        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
         return train(hp, manifest, cluster)
 
 

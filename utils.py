@@ -23,9 +23,8 @@ import tensorflow as tf
 from tqdm import tqdm
 
 import datadir
-import runtime
 from errors import DiskFull, UserError, is_disk_full
-from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, range_error, type_error
+from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, check_ranges, range_error, type_error
 from model import SCHEDULE_TOTAL_STEPS
 # read_lines: for the tools that import it from here
 from textio import EOS_ID, PAD_ID, atomic_write, read_json, read_lines  # noqa: F401
@@ -66,14 +65,6 @@ def logdir_lock(logdir, tool="train.py"):
         os.close(fd)  # releases the lock
 
 
-def session_config(hp):
-    """Session settings: --threads intra-op threads (0: every core) and as many inter-op threads, so that the
-    small independent ops of a step (layer norms, softmaxes, bias adds, Adam's updates) overlap instead of queueing
-    behind each other (docs/performance.md has the measurement)."""
-    threads = hp.threads or runtime.usable_cores()
-    return tf1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
-
-
 def save_hparams(hp, path):
     """Writes the namespace hp as hparams.json in the directory path."""
     atomic_write(os.path.join(path, "hparams.json"), json.dumps(vars(hp), indent=2, sort_keys=True) + "\n")
@@ -105,24 +96,6 @@ def load_trained_hparams(logdir, overrides):
     hp.trained_data_dir = saved["data_dir"]
     check_ranges(hp, overrides)
     return hp
-
-
-def check_ranges(hp, flags=None):
-    """Raises a UserError naming the first flag of hp (of `flags`, default all) outside its range (see
-    hparams.RANGES): checked before anything is built."""
-    problem = range_error(hp, flags)
-    if problem:
-        raise UserError(problem)
-
-
-def resolve_precision(hp):
-    """Replaces hp.precision "auto" by what this machine runs fastest (runtime.choose_precision) and prints the
-    choice; prints a warning for an explicit bf16 that this CPU can only emulate."""
-    _, flags = runtime.cpu_info()
-    hp.precision, note = runtime.choose_precision(hp.precision, flags, os.environ.get("ONEDNN_MAX_CPU_ISA"),
-                                                  bool(tf.config.list_physical_devices("GPU")))
-    if note:
-        print(note, file=sys.stderr)  # stderr: translate.py's stdout carries translations
 
 
 def trained_model_files(hp, ckpt="", splits=()):

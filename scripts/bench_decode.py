@@ -47,8 +47,7 @@ from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model import Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
-from utils import (find_checkpoint, load_trained_hparams, resolve_precision, restore,  # noqa: E402
-                   session_config)
+from utils import find_checkpoint, load_trained_hparams, restore  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -79,13 +78,13 @@ def model_hparams(args):
     """The model's hyperparameters: from --logdir, or the benchmark size with the data dir's vocabulary."""
     if args.logdir:
         hp = load_trained_hparams(args.logdir, {"data_dir": args.data_dir, "threads": args.threads})
-        resolve_precision(hp)
+        runtime.resolve_precision(hp)
         check_vocab(hp, load_manifest(hp.data_dir), hp.trained_data_dir)
         return hp
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),
                                                     "--max_len_a", "0", "--max_len_b", str(args.max_steps)])
     hp.vocab_size = load_manifest(args.data_dir)["vocab_size"]
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     return hp
 
 
@@ -188,7 +187,7 @@ def main(argv=None):
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     hp = model_hparams(args)
-    config = session_config(hp)
+    config = runtime.session_config(hp)
     matmul = matmul_gflops(config)
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
     x, x_seqlen = tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])

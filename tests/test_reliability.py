@@ -32,6 +32,7 @@ import tensorflow as tf
 
 import distributed
 import prepro
+import runtime
 import test as test_cli
 import train
 import translate
@@ -39,7 +40,7 @@ import utils
 from datadir import MANIFEST_NAME, load_manifest
 from in_process import run_in_process
 from textio import atomic_write
-from utils import calc_bleu, read_lines, session_config
+from utils import calc_bleu, read_lines
 
 tf1 = tf.compat.v1
 
@@ -363,7 +364,7 @@ def tiny_graph(data_dir, logdir, **overrides):
     hp, manifest = train.resolve_hparams(args)
     graph = tf.Graph()
     with graph.as_default():
-        cluster = distributed.make_cluster(hp, session_config(hp))  # --distribute none: this process alone
+        cluster = distributed.make_cluster(hp, runtime.session_config(hp))  # --distribute none: this process alone
         return graph, train.build_graph(hp, manifest, cluster), hp
 
 
@@ -371,7 +372,7 @@ def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
     """A non-finite gradient in the last step of an epoch leaves a finite loss but NaN weights: train_epoch,
     after which train.py saves, must refuse them."""
     graph, g, hp = tiny_graph(data_dir, tmp_path)
-    with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
+    with graph.as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
         weight = tf1.trainable_variables()[0]
         sess.run(tf1.assign(weight, tf.fill(tf.shape(weight), np.nan)))
@@ -490,7 +491,7 @@ def test_prepro_filters_thousands_of_bad_training_pairs_and_never_dev_or_test(tm
 def first_losses(data_dir, logdir, steps, **overrides):
     """The losses of the first steps of train.py's graph and session (dropout on, shuffled batches)."""
     graph, g, hp = tiny_graph(data_dir, logdir, threads=0, batch_size=1000, **overrides)
-    with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
+    with graph.as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(g.train_init, {g.epoch: 0, g.skip: 0})
         return [sess.run([g.step.train_op, g.step.loss])[1] for _ in range(steps)]
