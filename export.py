@@ -32,9 +32,9 @@ from data_load import PAD_ID
 from datadir import bpe_model_path
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
+from logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
 from model import Transformer
 from textio import check_writable_dir
-from utils import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
 
 tf1 = tf.compat.v1
 

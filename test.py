@@ -16,12 +16,13 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from data_load import eval_order, get_batch
-from model import Transformer
+from datadir import bpe_model_path, split_paths
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
+from logdir import load_trained_hparams, restore, trained_model_files
+from model import Transformer
 from textio import atomic_write, check_writable_dir
-from datadir import bpe_model_path, split_paths
-from utils import calc_bleu, get_hypotheses, load_trained_hparams, read_lines, restore, trained_model_files
+from utils import calc_bleu, get_hypotheses, read_lines
 
 tf1 = tf.compat.v1
 

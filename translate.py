@@ -42,11 +42,12 @@ from data_load import pad
 from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
+from logdir import load_trained_hparams, restore, trained_model_files
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
 from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
                     decode_lines)
-from utils import load_trained_hparams, postprocess, restore, trained_model_files
+from utils import postprocess
 
 tf1 = tf.compat.v1
 

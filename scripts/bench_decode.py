@@ -45,9 +45,9 @@ from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, load_side, pad  # noqa: E402
 from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
+from logdir import find_checkpoint, load_trained_hparams, restore  # noqa: E402
 from model import Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
-from utils import find_checkpoint, load_trained_hparams, restore  # noqa: E402
 
 tf1 = tf.compat.v1
 
