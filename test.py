@@ -21,8 +21,8 @@ from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
 from model import Transformer
-from textio import atomic_write, check_writable_dir
-from utils import calc_bleu, get_hypotheses, read_lines
+from textio import atomic_write, check_writable_dir, read_lines
+from utils import calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
 

@@ -34,8 +34,8 @@ from hparams import Hparams, check_ranges, parse_flags
 from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
                     logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs)
 from model import SCHEDULE_TOTAL_STEPS, Transformer
-from textio import atomic_write, check_writable_dir
-from utils import Progress, calc_bleu, get_hypotheses, read_lines
+from textio import atomic_write, check_writable_dir, read_lines
+from utils import Progress, calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
 

@@ -11,8 +11,7 @@ import numpy as np
 import sacrebleu
 from tqdm import tqdm
 
-# read_lines: for the tools that import it from here
-from textio import EOS_ID, PAD_ID, read_lines  # noqa: F401
+from textio import EOS_ID, PAD_ID
 
 
 def postprocess(ids, sp):

@@ -41,8 +41,8 @@ from datadir import MANIFEST_NAME, load_manifest
 from errors import UserError
 from in_process import run_in_process
 from logdir import CheckpointGone, find_checkpoint, load_trained_hparams, logdir_lock, restore, whole_records_size
-from textio import atomic_write
-from utils import calc_bleu, read_lines
+from textio import atomic_write, read_lines
+from utils import calc_bleu
 
 tf1 = tf.compat.v1
 
