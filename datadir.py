@@ -40,6 +40,10 @@ BPE_MODEL = "bpe.model"
 BPE_VOCAB = "bpe.vocab"
 
 
+# ----------------------------------------------------------------------------------------------
+# The layout, and publishing a build
+
+
 def split_files(split):
     """File names of one split, as listed in the manifest."""
     return {"raw1": f"{split}.1", "raw2": f"{split}.2", "bpe1": f"{split}.1.bpe", "bpe2": f"{split}.2.bpe",
