@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from errors import OneLineParser, UserError, run_cli
+from logdir import AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock
 from textio import check_writable_dir
-from utils import AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock
 
 tf1 = tf.compat.v1
 

@@ -20,12 +20,12 @@ Training batches are shuffled; evaluation batches (sentences mode) hold every li
 import dataclasses
 import functools
 import math
-import os
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from datadir import bpe_vocab_path, has_ids, split_paths
 from idsfile import read_ids, release_pages
 # PAD_ID: for the tools that import it from here
 from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401
@@ -51,12 +51,11 @@ def text_ids(bpe_fpath, token2idx):
 def load_side(data_dir, manifest, split, side):
     """(ids, offsets) of one side of a split (see idsfile.py): memory-mapped, or read from its .bpe text file in a
     data dir of manifest format 1."""
-    files = manifest["splits"][split]
-    if manifest.get("format", 1) < 2:
-        token2idx, _ = load_vocab(os.path.join(data_dir, manifest["bpe_vocab"]))
-        return text_ids(os.path.join(data_dir, files["bpe%d" % side]), token2idx)
-    return read_ids(os.path.join(data_dir, files["ids%d" % side]), os.path.join(data_dir, files["offsets%d" % side]),
-                    manifest["ids_dtype"])
+    paths = split_paths(data_dir, manifest, split)
+    if not has_ids(manifest):
+        token2idx, _ = load_vocab(bpe_vocab_path(data_dir, manifest))
+        return text_ids(paths["bpe%d" % side], token2idx)
+    return read_ids(paths["ids%d" % side], paths["offsets%d" % side], manifest["ids_dtype"])
 
 
 @dataclasses.dataclass
@@ -304,8 +303,8 @@ def input_fn(pairs, batch_size, shuffle=False, batch_type="sentences", seed=0, e
 
 def get_batch(data_dir, manifest, split, maxlen1, maxlen2, batch_size, shuffle=False, batch_type="sentences",
               seed=0, truncate=False, epoch=0, skip=0, growth=0.05):
-    """Dataset over one split of a data dir (manifest: its manifest.json as a dict). Training passes shuffle=True
-    and length limits; evaluation passes maxlen1 = maxlen2 = None so that every line is kept (in length_order).
+    """Dataset over one split of a data dir (manifest: its datadir.load_manifest). Training passes shuffle=True and
+    length limits; evaluation passes maxlen1 = maxlen2 = None so that every line is kept (in length_order).
 
     Returns batches (tf.data.Dataset), num_batches(epoch), num_samples, and the count of pairs skipped
     (or truncated) for length. epoch and skip: see input_fn. growth: see bucket_widths (tokens mode).

@@ -1,133 +1,47 @@
-"""The data directory that prepro.py writes and training reads: filtering, the joint BPE model, the manifest.
+"""The data directory that prepro.py writes and every other tool reads: its layout, its manifest (read and written
+here only), the publishing of a complete build, and the checks a tool makes before it reads one.
 
-See prepro.py for its layout. A build is written into a staging directory inside the data directory and its
-files are renamed into place only once all are complete, manifest.json last.
+A data directory (default ``data/NAME``) holds::
+
+    manifest.json                 what was built, from what, with which options (written last)
+    bpe.model, bpe.vocab          one joint sentencepiece BPE model trained on both sides of train;
+                                  bpe.vocab line i is "piece<TAB>score" of id i;
+                                  fixed ids <pad>=0, <unk>=1, <s>=2, </s>=3
+    train.1 train.2               cleaned text, UTF-8, one sentence per line, '\\n' line endings
+    eval.1 eval.2 test.1 test.2
+    train.1.bpe ... test.2.bpe    the same lines as sentencepiece pieces joined by single spaces
+                                  (an empty line stays empty)
+    train.1.ids, train.1.offsets  the same lines as BPE ids, which training memory-maps (idsfile.py):
+    ... test.2.ids, test.2.offsets  uint16 (int32 from 65536 pieces on), and int64 line offsets
+    download/                     cached downloads (multi30k, iwslt2016 only)
+
+A build (databuild.py) is written into a staging directory inside the data directory and its files are renamed
+into place only once all are complete, manifest.json last, so a directory with a manifest is complete, and a
+failed rebuild (--force) leaves the previous build usable.
 """
-import array
 import contextlib
-import dataclasses
-import hashlib
-import io
-import itertools
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import sentencepiece as spm
 
-from corpora import FILE_FLAGS, SIDES, SPLITS, check_same_length, log
+from corpora import SIDES, log
 from errors import UserError
-from idsfile import IdsWriter, ids_dtype, map_file, release_pages
-from textio import (SPECIAL_PIECES, UNK_ID, atomic_write, clean_line, iter_lines, line_writer, write_json,
-                    write_lines)
+from idsfile import ids_dtype, map_file, release_pages
+from textio import SPECIAL_PIECES, iter_lines, read_json, sha256_file, write_json
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
 MANIFEST_FORMAT = 2
 MANIFEST_NAME = "manifest.json"
 BPE_MODEL = "bpe.model"
 BPE_VOCAB = "bpe.vocab"
-#: BPE is trained on a random sample of this many sentences (both sides) of train when it has more.
-BPE_SAMPLE_SENTENCES = 2_000_000
-#: Lines encoded at a time (by every core): memory holds one chunk of a split, never the split.
-CHUNK_LINES = 100_000
-#: A pass over a split reports its progress every this many lines.
-PROGRESS_LINES = 1_000_000
-
-
-def progress(lines, what):
-    """Yield each item of ``lines``, logging "WHAT: N lines" every PROGRESS_LINES of them."""
-    for count, line in enumerate(lines, 1):
-        if count % PROGRESS_LINES == 0:
-            log(f"{what}: {count} lines")
-        yield line
-
-
-def is_empty_pair(source, target):
-    """A pair is empty when either side has no text."""
-    return not source or not target
-
-
-def pair_hash(source, target):
-    """A 64-bit hash of a pair, to count repeats without holding the pairs (two different pairs share one with a
-    chance of about n^2 / 2^65 among n pairs: 1 in a million for 4.5 million pairs)."""
-    digest = hashlib.blake2b(f"{source}\n{target}".encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-def first_occurrences(hashes):
-    """(n,) bool: whether each pair (by hash) is the first of its kind; their count is n minus the repeats."""
-    first = np.zeros(len(hashes), bool)
-    first[np.unique(np.asarray(hashes, np.uint64), return_index=True)[1]] = True
-    return first
-
-
-def length_ratios(lengths1, lengths2):
-    """How many times longer the longer side is than the shorter (in BPE pieces), for each pair: (n,) float."""
-    return np.maximum(lengths1, lengths2) / np.maximum(np.minimum(lengths1, lengths2), 1)
 
 
 # ----------------------------------------------------------------------------------------------
-# BPE
-
-
-def train_bpe(sentences, vocab_size, sample_size=0):
-    """Train the joint BPE model on the iterable ``sentences``; returns the serialized model.
-
-    sample_size 0 reads every sentence in order, with one thread; otherwise a random sample of sample_size
-    sentences, drawn with a fixed seed as the sentences stream by (memory holds the sample only), with every
-    core. Both are deterministic. bpe.model records the thread count: one thread for a corpus below the sample
-    size keeps its bpe.model the same on every machine.
-    """
-    model = io.BytesIO()
-    spm.set_random_generator_seed(1)
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, model_type="bpe", vocab_size=vocab_size,
-            character_coverage=1.0, normalization_rule_name="identity",
-            pad_id=SPECIAL_PIECES["<pad>"], unk_id=SPECIAL_PIECES["<unk>"], bos_id=SPECIAL_PIECES["<s>"],
-            eos_id=SPECIAL_PIECES["</s>"], pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            input_sentence_size=sample_size, shuffle_input_sentence=sample_size > 0,
-            num_threads=os.cpu_count() if sample_size else 1,
-            minloglevel=2)
-    except RuntimeError as error:
-        raise UserError(vocab_size_message(str(error), vocab_size)) from None
-    return model.getvalue()
-
-
-def vocab_file_lines(processor):
-    """The lines of a sentencepiece .vocab file: "piece<TAB>score" for ids 0, 1, 2, ..."""
-    return [f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}" for i in range(processor.get_piece_size())]
-
-
-def vocab_size_message(error_text, vocab_size):
-    """Turn sentencepiece's training error into one line that says what to change."""
-    too_high = re.search(r"value <= (\d+)", error_text)
-    if too_high:
-        return (f"--vocab_size {vocab_size} is too large for this training corpus: "
-                f"use --vocab_size {too_high.group(1)} or less")
-    too_small = re.search(r"required_chars\. (\d+) vs (\d+)", error_text)
-    if too_small:
-        return (f"--vocab_size {vocab_size} is smaller than the {too_small.group(2)} pieces this corpus needs "
-                f"(characters plus 4 special ids): use --vocab_size {too_small.group(2)} or more")
-    return f"sentencepiece could not train the BPE model: {error_text.splitlines()[-1]}"
-
-
-def encode_chunk(processor, lines, pieces):
-    """The BPE ids of each line (lists of int; an empty line has none) and the lines as pieces joined by spaces,
-    encoded by every core. pieces: the vocabulary's pieces by id; a line with <unk> (a character the sample did
-    not see) is segmented again to keep its own pieces in the text."""
-    ids = processor.encode(lines, out_type=int, num_threads=os.cpu_count())
-    texts = [" ".join(processor.encode(line, out_type=str)) if UNK_ID in line_ids else
-             " ".join([pieces[i] for i in line_ids]) for line, line_ids in zip(lines, ids)]
-    return ids, texts
-
-
-# ----------------------------------------------------------------------------------------------
-# The data directory
+# The layout, and publishing a build
 
 
 def split_files(split):
@@ -146,7 +60,8 @@ def output_files(manifest):
 
 
 def read_manifest(data_dir):
-    """The manifest of ``data_dir`` as a dict, or None if there is none."""
+    """The manifest of ``data_dir`` as a dict, or None if there is none: how a build tells whether the directory
+    already holds it. The tools that read a data dir call load_manifest."""
     path = Path(data_dir) / MANIFEST_NAME
     if not path.exists():
         return None
@@ -154,28 +69,6 @@ def read_manifest(data_dir):
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
         raise UserError(f"{path} is unreadable ({error}); pass --force to rebuild {data_dir}") from None
-
-
-def describe_side(lines):
-    """(number of lines, hex sha256 of the lines joined by '\\n'), reading the lines once."""
-    digest, count = hashlib.sha256(), 0
-    for count, line in enumerate(lines, 1):
-        digest.update(b"\n" + line.encode("utf-8") if count > 1 else line.encode("utf-8"))
-    return count, digest.hexdigest()
-
-
-def describe_inputs(splits, sources):
-    """{flag: {"source": where it came from, "sha256": of its lines joined by '\\n'}} for each side, and
-    {split: pairs}, reading every side once. Raises UserError if the two sides of a split differ in length."""
-    inputs, counts = {}, {}
-    for split in SPLITS:
-        for side in SIDES:
-            flag = FILE_FLAGS[split, side]
-            counts[split, side], sha256 = describe_side(progress(splits[split][side - 1], f"reading --{flag}"))
-            inputs[flag] = {"source": sources.get(flag, "in memory"), "sha256": sha256}
-        check_same_length(counts[split, 1], counts[split, 2], sources.get(FILE_FLAGS[split, 1], "side 1"),
-                          sources.get(FILE_FLAGS[split, 2], "side 2"))
-    return inputs, {split: counts[split, 1] for split in SPLITS}
 
 
 def build_differences(manifest, options, inputs):
@@ -230,72 +123,6 @@ def check_data_dir(data_dir):
         raise UserError(f"--data_dir {data_dir} is a file, not a directory")
 
 
-def build_data_dir(data_dir, splits, options, sources=None, downloads=None, force=False, chunk_lines=CHUNK_LINES,
-                   sample_sentences=BPE_SAMPLE_SENTENCES):
-    """Write a complete data directory from a corpus and return its manifest.
-
-    ``splits`` maps train/eval/test to (source_lines, target_lines) of raw text, each re-iterable (a list or
-    corpora.LinesOf: they are streamed, never held); ``options`` must hold dataset, vocab_size, dedup,
-    filter_ratio, max_ratio, src_lang and tgt_lang plus any other option that shaped the input; ``sources``
-    names where each side came from (keys train1 ... test2). chunk_lines: lines encoded at a time;
-    sample_sentences: see BPE_SAMPLE_SENTENCES. Does nothing if ``data_dir`` already holds the same build.
-    """
-    data_dir = Path(data_dir)
-    check_data_dir(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    inputs, counts = describe_inputs(splits, sources or {})
-    if is_up_to_date(data_dir, options, inputs, force):
-        log(f"{data_dir} is up to date (same inputs and options); nothing to do")
-        return read_manifest(data_dir)
-    for split in ("eval", "test"):
-        if not counts[split]:
-            name = "dev" if split == "eval" else "test"
-            raise UserError(f"the {name} split is empty ({describe_sides(split, sources)}): train.py scores BLEU on "
-                            f"dev and test.py on test; give at least one {name} pair")
-    with staging_dir(data_dir) as staging:
-        cleaned = {split: clean_split(staging, split, *splits[split], options["dedup"]) for split in SPLITS}
-        check_cleaned(cleaned, sources)
-        processor, bpe_training = write_bpe_model(staging, cleaned["train"], options["vocab_size"],
-                                                  sample_sentences)
-        split_reports = {}
-        for split in SPLITS:
-            split_reports[split] = write_split(staging, split, cleaned[split], processor, options, chunk_lines)
-            log(describe_split(split, split_reports[split], options))
-        manifest = build_manifest(options, processor, inputs, downloads, split_reports, bpe_training)
-        write_json(staging / MANIFEST_NAME, manifest)
-        publish(staging, data_dir)
-    return manifest
-
-
-def check_cleaned(cleaned, sources):
-    """Refuses splits that cleaning left without a usable pair (a dev or test split of blank lines would score BLEU
-    on nothing), and warns about splits whose target repeats the source on most lines (the same file given twice,
-    or an untranslated corpus)."""
-    if not cleaned["train"].keep.any():
-        raise UserError("no training pairs are left after dropping empty ones; check the train files")
-    for split in ("eval", "test"):
-        if cleaned[split].empty_pairs == cleaned[split].input_lines:
-            name = "dev" if split == "eval" else "test"
-            raise UserError(f"every pair of the {name} split has a blank side ({describe_sides(split, sources)}): "
-                            f"there is nothing to score BLEU on; give {name} files with text on both sides")
-    for split in SPLITS:
-        clean = cleaned[split]
-        pairs = clean.input_lines - clean.empty_pairs
-        if pairs and clean.identical_pairs > IDENTICAL_SHARE * pairs:
-            log(f"warning: the target is identical to the source in {clean.identical_pairs} of the {pairs} "
-                f"{split} pairs ({describe_sides(split, sources)}): is one file given for both sides?")
-
-
-#: The share of a split's pairs with target == source above which prepro warns (see check_cleaned).
-IDENTICAL_SHARE = 0.5
-
-
-def describe_sides(split, sources):
-    """Where the two sides of a split came from, for messages: "--eval1 a.de, --eval2 a.en"."""
-    return ", ".join(f"--{FILE_FLAGS[split, side]} {(sources or {}).get(FILE_FLAGS[split, side], '?')}"
-                     for side in SIDES)
-
-
 #: Prefix of the directory inside --data_dir where a build is written before publish moves it into place.
 STAGING_PREFIX = ".build-"
 
@@ -313,10 +140,11 @@ def staging_dir(data_dir):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def publish(staging, data_dir):
-    """Move a complete build from ``staging`` into ``data_dir``: the old manifest goes first (from then on the
-    directory counts as incomplete), every file is renamed into place, and the new manifest comes last. A build
-    that fails before this point leaves the old build untouched and usable."""
+def publish(staging, data_dir, manifest):
+    """Move a complete build from ``staging`` into ``data_dir`` under ``manifest``: the old manifest goes first
+    (from then on the directory counts as incomplete), every file is renamed into place, and the new manifest comes
+    last. A build that fails before this point leaves the old build untouched and usable."""
+    write_json(staging / MANIFEST_NAME, manifest)
     (Path(data_dir) / MANIFEST_NAME).unlink(missing_ok=True)
     for path in sorted(staging.iterdir()):
         if path.name != MANIFEST_NAME:
@@ -338,120 +166,78 @@ def build_manifest(options, processor, inputs, downloads, split_reports, bpe_tra
     }
 
 
-@dataclasses.dataclass
-class CleanSplit:
-    """A split cleaned into two staging files (clean1, clean2) in step, and what cleaning found: input_lines,
-    empty_pairs, duplicate_pairs, identical_pairs (target == source), and keep, (lines,) bool: the lines that stay
-    (all but repeats with --dedup)."""
-    clean1: Path
-    clean2: Path
-    input_lines: int
-    empty_pairs: int
-    duplicate_pairs: int
-    identical_pairs: int
-    keep: np.ndarray
-
-    def pairs(self):
-        """The kept (source, target) pairs, read from the staging files."""
-        return itertools.compress(zip(iter_lines(self.clean1), iter_lines(self.clean2)), self.keep)
+# ----------------------------------------------------------------------------------------------
+# Reading a data directory
 
 
-def clean_split(staging, split, lines1, lines2, dedup):
-    """Clean a split line by line into staging/SPLIT.clean.1 and .2 (see textio.clean_line). Train leaves out pairs
-    with an empty side, and with ``dedup`` keeps the first of repeated pairs only. Returns a CleanSplit."""
-    clean1, clean2 = staging / f"{split}.clean.1", staging / f"{split}.clean.2"
-    hashes, empty, lines, identical = array.array("Q"), 0, 0, 0
-    with line_writer(clean1) as write1, line_writer(clean2) as write2:
-        for lines, (source, target) in enumerate(progress(zip(lines1, lines2), f"cleaning {split}"), 1):
-            source, target = clean_line(source), clean_line(target)
-            if is_empty_pair(source, target):
-                empty += 1
-                if split == "train":
-                    continue
-            else:
-                hashes.append(pair_hash(source, target))
-                identical += source == target
-            write1(source)
-            write2(target)
-    first = first_occurrences(hashes)
-    written = lines - empty if split == "train" else lines
-    keep = first if split == "train" and dedup else np.ones(written, bool)
-    return CleanSplit(clean1, clean2, lines, empty, len(hashes) - int(first.sum()), identical, keep)
+def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
+    """Reads the manifest of data_dir, written last by prepro.py, and checks the files of the data dir that a tool
+    reads (check_files): its sentencepiece model and the files of `splits`. trained_data_dir and logdir (a trained
+    model's) make the message for a missing one say where a relative data dir was looked for."""
+    fpath = os.path.join(data_dir, MANIFEST_NAME)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UserError("--data_dir %s is a file, not a directory: pass the directory that prepro.py wrote"
+                        % data_dir)
+    if not os.path.exists(fpath):
+        if data_dir == trained_data_dir and not os.path.isabs(data_dir):
+            raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative to the directory "
+                            "train.py ran in; run from there, or pass --data_dir" % (fpath, os.getcwd(), data_dir,
+                                                                                     logdir))
+        raise UserError("%s not found: run `python prepro.py --data_dir %s` first" % (fpath, data_dir))
+    manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py --data_dir %s "
+                                "--force` and the options it was built with" % data_dir)
+    if not isinstance(manifest, dict) or "splits" not in manifest:
+        raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
+                        "--data_dir %s --force`" % (fpath, data_dir))
+    check_files(data_dir, manifest, splits)
+    return manifest
 
 
-def write_bpe_model(data_dir, train, vocab_size, sample_sentences):
-    """Train the joint BPE model on both sides of the kept pairs of ``train`` (a CleanSplit), on a sample of
-    sample_sentences sentences if there are more, and write bpe.model / bpe.vocab.
-    Returns the processor and the manifest's "bpe_training": {"sentences": of train, "sample": or None}."""
-    sentences = 2 * int(train.keep.sum())
-    sample = sample_sentences if sentences > sample_sentences else 0
-    log(f"training BPE (vocab_size {vocab_size}) on {sentences // 2} training pairs"
-        + (f", a random sample of {sample} of their {sentences} sentences" if sample else ""))
-    model = train_bpe((side for pair in train.pairs() for side in pair), vocab_size, sample)
-    processor = spm.SentencePieceProcessor(model_proto=model)
-    atomic_write(data_dir / BPE_MODEL, model)
-    write_lines(data_dir / BPE_VOCAB, vocab_file_lines(processor))
-    return processor, {"sentences": sentences, "sample": sample or None}
+def has_ids(manifest):
+    """Whether the data dir has ids files (format 2); one of format 1 has its splits' ids as .bpe text only."""
+    return manifest.get("format", 1) >= 2
 
 
-def chunks(iterable, size):
-    """Lists of up to ``size`` consecutive items of ``iterable``."""
-    iterator = iter(iterable)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
+def split_paths(data_dir, manifest, split):
+    """The paths of a split's files that the manifest lists: {key of split_files: path}."""
+    entry = manifest["splits"][split]
+    return {key: os.path.join(data_dir, entry[key]) for key in split_files(split) if key in entry}
 
 
-def write_split(data_dir, split, clean, processor, options, chunk_lines=CHUNK_LINES):
-    """Encode the kept pairs of a CleanSplit, chunk_lines at a time, and write the split's text, BPE text and ids
-    files; returns its manifest entry. Length-ratio outliers leave train only with --filter_ratio."""
-    files = split_files(split)
-    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    dtype = ids_dtype(processor.get_piece_size())
-    lines = outliers = dropped_ratio = 0
-    with contextlib.ExitStack() as stack:
-        write = {key: stack.enter_context(line_writer(data_dir / files[key]))
-                 for key in ("raw1", "raw2", "bpe1", "bpe2")}
-        writers = [IdsWriter(data_dir / files[f"ids{side}"], data_dir / files[f"offsets{side}"], dtype)
-                   for side in SIDES]
-        for writer in writers:
-            stack.callback(writer.close)
-        for chunk in chunks(progress(clean.pairs(), f"encoding {split}"), chunk_lines):
-            texts = list(zip(*chunk))
-            encoded = [encode_chunk(processor, list(side_texts), pieces) for side_texts in texts]
-            lengths = [np.array([len(ids) for ids in side_ids], np.int64) for side_ids, _ in encoded]
-            nonempty = np.array([not is_empty_pair(*pair) for pair in chunk], bool)
-            outlier = nonempty & (length_ratios(*lengths) > options["max_ratio"])
-            outliers += int(outlier.sum())
-            kept = np.ones(len(chunk), bool)
-            if split == "train" and options["filter_ratio"]:
-                kept, dropped_ratio = ~outlier, dropped_ratio + int(outlier.sum())
-            for side, (side_ids, side_pieces) in zip(SIDES, encoded):
-                for raw, bpe in itertools.compress(zip(texts[side - 1], side_pieces), kept):
-                    write[f"raw{side}"](raw)
-                    write[f"bpe{side}"](bpe)
-                writers[side - 1].write(list(itertools.compress(side_ids, kept)))
-            lines += int(kept.sum())
-    clean.clean1.unlink()
-    clean.clean2.unlink()
-    duplicates = clean.duplicate_pairs if options["dedup"] and split == "train" else 0
-    report = {"input_lines": clean.input_lines, "empty_pairs": clean.empty_pairs,
-              "duplicate_pairs": clean.duplicate_pairs, "ratio_outliers": outliers,
-              "dropped_empty": clean.empty_pairs if split == "train" else 0, "dropped_duplicates": duplicates,
-              "dropped_ratio": dropped_ratio}
-    return {**files, "lines": lines, **report}
+def bpe_model_path(data_dir, manifest):
+    """The path of the data dir's sentencepiece model, which segments text into the vocabulary's pieces."""
+    return os.path.join(data_dir, manifest["bpe_model"])
 
 
-def describe_split(split, report, options):
-    """One progress line about what happened to a split."""
-    if split != "train":
-        return (f"{split}: {report['lines']} pairs kept in order ({report['empty_pairs']} with an empty side, "
-                f"{report['duplicate_pairs']} repeated, {report['ratio_outliers']} with length ratio > "
-                f"{options['max_ratio']:g})")
-    duplicates = "dropped" if options["dedup"] else "kept; --dedup drops them"
-    outliers = "dropped" if options["filter_ratio"] else "kept; --filter_ratio drops them"
-    return (f"train: {report['lines']} of {report['input_lines']} pairs kept; {report['dropped_empty']} with an "
-            f"empty side dropped; {report['duplicate_pairs']} repeated pairs ({duplicates}); "
-            f"{report['ratio_outliers']} with length ratio > {options['max_ratio']:g} ({outliers})")
+def bpe_vocab_path(data_dir, manifest):
+    """The path of the data dir's BPE vocabulary file (line i: "piece<TAB>score" of id i)."""
+    return os.path.join(data_dir, manifest["bpe_vocab"])
+
+
+def fingerprint(data_dir, manifest):
+    """What ties a model to the data dir it was trained on, as recorded in hparams.json: vocab_size,
+    vocab_sha256 (of its BPE vocabulary: two vocabularies of the same size can still differ) and bpe_sha256 (of
+    its sentencepiece model)."""
+    return {"vocab_size": manifest["vocab_size"], "vocab_sha256": sha256_file(bpe_vocab_path(data_dir, manifest)),
+            "bpe_sha256": sha256_file(bpe_model_path(data_dir, manifest))}
+
+
+def check_vocab(hp, manifest, trained_data_dir):
+    """A model can only read a data dir whose vocabulary and sentencepiece model it was trained with: same size
+    and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs lack the latter), the same files.
+    The data dir's own bpe.model and bpe.vocab agree with each other (check_files), so an older logdir whose data
+    dir had its bpe.model swapped is refused too."""
+    if manifest["vocab_size"] != hp.vocab_size:
+        raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
+                        "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
+                                                    trained_data_dir))
+    found = fingerprint(hp.data_dir, manifest)
+    for key, what in (("vocab_sha256", "BPE vocabulary (%s)" % manifest["bpe_vocab"]),
+                      ("bpe_sha256", "sentencepiece model (%s)" % manifest["bpe_model"])):
+        if getattr(hp, key, None) not in (None, found[key]):
+            raise UserError("the %s of %s is not the one the model in %s was trained with, although the vocabulary "
+                            "has its size %d: pass the --data_dir it was trained on (%s), or rebuild this one as it "
+                            "was built then" % (what, hp.data_dir, hp.logdir, hp.vocab_size, trained_data_dir))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,7 +270,7 @@ def check_files(data_dir, manifest, splits):
     or ids outside the vocabulary. Tools call it before any work: a mismatch found at the end would cost the run."""
     data_dir = Path(data_dir)
     files = [manifest["bpe_model"], manifest["bpe_vocab"]]
-    keys = ("raw1", "raw2") + (("ids1", "offsets1", "ids2", "offsets2") if manifest.get("format", 1) >= 2
+    keys = ("raw1", "raw2") + (("ids1", "offsets1", "ids2", "offsets2") if has_ids(manifest)
                                else ("bpe1", "bpe2"))
     files += [manifest["splits"][split][key] for split in splits for key in keys]
     for name in files:
@@ -512,7 +298,7 @@ def check_split(data_dir, manifest, split):
     entry, expected = manifest["splits"][split], manifest["splits"][split]["lines"]
     counts = {}
     for side in SIDES:
-        if manifest.get("format", 1) >= 2:
+        if has_ids(manifest):
             counts[entry[f"offsets{side}"]] = (data_dir / entry[f"offsets{side}"]).stat().st_size // 8 - 1
             check_ids_range(data_dir, data_dir / entry[f"ids{side}"], manifest)
         else:
@@ -523,7 +309,7 @@ def check_split(data_dir, manifest, split):
     if wrong:
         found = ", ".join(f"{name} {count}" for name, count in counts.items())
         raise damaged(data_dir, f"the {split} split of {data_dir} should have {expected} lines in each file "
-                                f"(manifest.json) but has: {found}")
+                                f"({MANIFEST_NAME}) but has: {found}")
 
 
 def check_ids_range(data_dir, path, manifest):

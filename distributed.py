@@ -275,16 +275,3 @@ def agree_on_checkpoint(sess, step, ckpt):
     if mean != mine or mean_square != mine * mine:  # the mean of squares exceeds the squared mean unless all agree
         raise UserError("the workers disagree on the checkpoint to resume from (this one: %s); every worker must see "
                         "the chief's --logdir (a shared file system)" % (ckpt or "none, start from scratch"))
-
-
-class NullWriter:
-    """Stands in for tf1.summary.FileWriter on the processes that are not the chief."""
-
-    def add_summary(self, summary, step):
-        """Drops summary."""
-
-    def flush(self):
-        """Nothing to flush."""
-
-    def close(self):
-        """Nothing to close."""

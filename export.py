@@ -19,7 +19,7 @@ and translate.json (the decoding settings and the model's source length limit) f
 """
 import os
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+import runtime  # first: TensorFlow's environment defaults
 
 import shlex
 import shutil
@@ -29,12 +29,12 @@ import tensorflow as tf
 
 import ctranslate2_engine
 from data_load import PAD_ID
+from datadir import bpe_model_path
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
+from logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
 from model import Transformer
 from textio import check_writable_dir
-from utils import (load_trained_hparams, pinned_checkpoint, resolve_precision, restore, session_config,
-                   trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -72,7 +72,7 @@ def parse_args(argv):
     args.quantization = args.quantization or "float32"
     hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in DECODING_FLAGS
                                             if getattr(args, flag) is not None})
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
@@ -141,13 +141,13 @@ def main(argv=None):
     tf.get_logger().setLevel("ERROR")
     args, hp = parse_args(argv)
     manifest, ckpt = trained_model_files(hp, args.ckpt)
-    bpe_model = os.path.join(hp.data_dir, manifest["bpe_model"])
+    bpe_model = bpe_model_path(hp.data_dir, manifest)
     if args.format == "ctranslate2":
         export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""
               % (os.path.basename(ckpt), args.quantization, args.export_dir, shlex.quote(args.export_dir)))
         return 0
-    with tf.Graph().as_default(), tf1.Session(config=session_config(hp)) as sess:
+    with tf.Graph().as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
         inputs, outputs = build_translator(hp)
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)

@@ -9,7 +9,8 @@ import argparse
 import json
 import math
 
-from errors import OneLineParser
+from datadir import MANIFEST_NAME
+from errors import OneLineParser, UserError
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its own flags):
 #: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.
@@ -51,7 +52,7 @@ class Hparams:
     @staticmethod
     def _add_data(group):
         group.add_argument("--data_dir", default="data/numbers",
-                           help="directory written by prepro.py (manifest.json, bpe.model, *.bpe splits)")
+                           help="directory written by prepro.py (%s, bpe.model, *.bpe splits)" % MANIFEST_NAME)
         group.add_argument("--logdir", default="runs/numbers",
                            help="where checkpoints, hparams.json, summaries and dev hypotheses go")
         group.add_argument("--maxlen1", type=int, default=100,
@@ -165,7 +166,7 @@ def explicit_flags(argv, only=None, prog=None):
 
 #: What flags added after the first release meant before they existed: a logdir whose hparams.json lacks one was
 #: trained with this value (not the flag's current default).
-#: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, utils.fingerprint) None: unknown, not
+#: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, datadir.fingerprint) None: unknown, not
 #: compared (the vocabulary's size still is, and a data dir's bpe.model must match its bpe.vocab).
 LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "vocab_sha256": None, "bpe_sha256": None}
 
@@ -222,6 +223,14 @@ def range_error(hp, flags=None, where=None):
                 "lower --maxlen1/--maxlen2, or pass --batch_type sentences"
                 % (values["batch_size"], values["maxlen1"], values["maxlen2"], longest))
     return None
+
+
+def check_ranges(hp, flags=None):
+    """Raises a UserError naming the first flag of hp (of `flags`, default all) outside its range (see
+    range_error): checked before anything is built."""
+    problem = range_error(hp, flags)
+    if problem:
+        raise UserError(problem)
 
 
 #: The types of the values hparams.json holds besides flags (train.py records them from the data dir).

@@ -360,7 +360,7 @@ SCHEDULE_TOTAL_STEPS = "lr_schedule_total_steps"
 def schedule_total_steps():
     """The int64 variable SCHEDULE_TOTAL_STEPS, saved with the checkpoints so that a resumed run continues the same
     schedule; train.py assigns it once the training budget is known in steps (it stays 0 under Noam, which has no
-    end). Checkpoints written before it existed restore with it at 0 (utils.OPTIONAL_VARIABLES)."""
+    end). Checkpoints written before it existed restore with it at 0 (logdir.OPTIONAL_VARIABLES)."""
     with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
         return tf1.get_variable(SCHEDULE_TOTAL_STEPS, initializer=tf.constant(0, tf.int64), trainable=False)
 

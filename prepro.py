@@ -4,34 +4,20 @@ Usage: ``python prepro.py --dataset {numbers,multi30k,iwslt2016,files} [--data_d
 (``python prepro.py --help`` explains every flag).
 
 Side 1 is the source language and side 2 the target everywhere; "eval" is the dev split.
-The data directory (default ``data/NAME``) holds::
-
-    manifest.json                 what was built, from what, with which options (written last)
-    bpe.model, bpe.vocab          one joint sentencepiece BPE model trained on both sides of train;
-                                  bpe.vocab line i is "piece<TAB>score" of id i;
-                                  fixed ids <pad>=0, <unk>=1, <s>=2, </s>=3
-    train.1 train.2               cleaned text, UTF-8, one sentence per line, '\\n' line endings
-    eval.1 eval.2 test.1 test.2
-    train.1.bpe ... test.2.bpe    the same lines as sentencepiece pieces joined by single spaces
-                                  (an empty line stays empty)
-    train.1.ids, train.1.offsets  the same lines as BPE ids, which training memory-maps (idsfile.py):
-    ... test.2.ids, test.2.offsets  uint16 (int32 from 65536 pieces on), and int64 line offsets
-    download/                     cached downloads (multi30k, iwslt2016 only)
+The data directory (default ``data/NAME``) is laid out as datadir.py describes.
 
 The corpus is streamed: read, cleaned and written line by line, and encoded a chunk of lines at a time with
 every core, so memory does not grow with it. BPE is trained on every training sentence, or on a random sample
-of datadir.BPE_SAMPLE_SENTENCES sentences when train has more (the manifest says which).
+of databuild.BPE_SAMPLE_SENTENCES sentences when train has more (the manifest says which).
 Cleaning keeps every line: it strips '\\r' and surrounding whitespace, collapses inner whitespace
 to single spaces and applies Unicode NFC.  Training pairs with an empty side are dropped; duplicate
 pairs and pairs whose sides differ in length by more than ``--max_ratio`` (in BPE pieces) are
 reported (repeats found by a 64-bit hash of each pair), and dropped from train with ``--dedup`` /
 ``--filter_ratio``.  Dev and test lines are
 never dropped or reordered, and an empty dev or test split is refused.  Input files may be
-gzip-compressed.  A build is written into a staging directory inside the data directory and its
-files are renamed into place only once all are complete, manifest.json last, so a directory with a
-manifest is complete, and a failed rebuild (--force) leaves the previous build usable.  Re-running
-with the same inputs and options does nothing; other inputs or options need another --data_dir or
---force.
+gzip-compressed.  A build is published only once it is complete (see datadir.py), so a failed
+rebuild (--force) leaves the previous build usable.  Re-running with the same inputs and options does
+nothing; other inputs or options need another --data_dir or --force.
 """
 
 import math
@@ -42,7 +28,8 @@ from pathlib import Path
 from corpora import FILE_FLAGS, SPLITS, file_splits, log
 from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from corpora.numbers import numbers_corpus
-from datadir import build_data_dir, check_data_dir
+from databuild import build_data_dir
+from datadir import MANIFEST_NAME, check_data_dir
 from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
 from textio import SPECIAL_PIECES, check_writable_dir
 
@@ -64,8 +51,8 @@ def build_parser():
     parser = OneLineParser(
         prog="prepro.py",
         description="Build a data directory (cleaned splits, one joint sentencepiece BPE model with "
-                    "<pad>=0 <unk>=1 <s>=2 </s>=3, BPE-segmented splits, manifest.json) from a parallel "
-                    "corpus. Side 1 is the source, side 2 the target; 'eval' is the dev split.",
+                    "<pad>=0 <unk>=1 <s>=2 </s>=3, BPE-segmented splits, %s) from a parallel "
+                    "corpus. Side 1 is the source, side 2 the target; 'eval' is the dev split." % MANIFEST_NAME,
         epilog="Training pairs with an empty side are always dropped; repeated pairs and pairs whose "
                "sides differ in length by more than --max_ratio are only reported unless --dedup / "
                "--filter_ratio is given. Dev and test are never filtered. If a download fails, pass "

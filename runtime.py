@@ -11,7 +11,8 @@ A variable the user has set keeps its value:
                                    large buffers back to the operating system after each use, so every step pays for
                                    hundreds of thousands of page faults on fresh memory (see docs/performance.md).
 
-The functions below read the CPU's instruction-set flags for --precision auto.
+The functions below read the CPU's instruction-set flags for --precision auto and size a session's thread pools to
+the cores this process may use. Those that need TensorFlow import it when called, once the tool has loaded it.
 """
 import os
 import subprocess
@@ -82,6 +83,26 @@ def choose_precision(requested, flags, max_isa=None, has_gpu=False):
 def usable_cores():
     """The cores this process may run on (its CPU affinity, which containers and taskset narrow), else all."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_precision(hp):
+    """Replaces hp.precision "auto" by what this machine runs fastest (choose_precision) and prints the choice;
+    prints a warning for an explicit bf16 that this CPU can only emulate."""
+    import tensorflow as tf  # here: this module is imported before TensorFlow
+    _, flags = cpu_info()
+    hp.precision, note = choose_precision(hp.precision, flags, os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                                          bool(tf.config.list_physical_devices("GPU")))
+    if note:
+        print(note, file=sys.stderr)  # stderr: translate.py's stdout carries translations
+
+
+def session_config(hp):
+    """Session settings: --threads intra-op threads (0: every core) and as many inter-op threads, so that the
+    small independent ops of a step (layer norms, softmaxes, bias adds, Adam's updates) overlap instead of queueing
+    behind each other (docs/performance.md has the measurement)."""
+    import tensorflow as tf  # here: this module is imported before TensorFlow
+    threads = hp.threads or usable_cores()
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
 
 
 def machine_summary():

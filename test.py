@@ -7,7 +7,7 @@ line, in order; an empty source line gets an empty hypothesis) and TESTDIR/resul
 """
 import os
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+import runtime  # first: TensorFlow's environment defaults
 
 import json
 import time
@@ -16,12 +16,13 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from data_load import eval_order, get_batch
-from model import Transformer
+from datadir import bpe_model_path, split_paths
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from textio import atomic_write, check_writable_dir
-from utils import (calc_bleu, get_hypotheses, load_trained_hparams, read_lines, resolve_precision,
-                   restore, session_config, split_paths, trained_model_files)
+from logdir import load_trained_hparams, restore, trained_model_files
+from model import Transformer
+from textio import atomic_write, check_writable_dir, read_lines
+from utils import calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
 
@@ -31,7 +32,7 @@ def parse_args(argv):
     to decode and --testdir are flags; the model's shape and the training settings come from hparams.json."""
     args, given = parse_flags(Hparams(DECODING_FLAGS + ("testdir",), "test.py").parser, argv)
     hp = load_trained_hparams(args.logdir, given)
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
     check_writable_dir(hp.testdir, "testdir")  # before the decode, which a bad --testdir would waste
     return hp
@@ -51,8 +52,8 @@ def main(argv=None):
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
     ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
-    with tf1.Session(config=session_config(hp)) as sess:
+    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
+    with tf1.Session(config=runtime.session_config(hp)) as sess:
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()
         try:

@@ -109,7 +109,7 @@ def write_lines(path, lines):
 @contextlib.contextmanager
 def line_writer(path):
     """Write a new UTF-8 text file line by line: yields write(line), which appends line + '\\n'. The file is
-    flushed to disk when the block ends (a build writes such files into a staging directory: datadir.py)."""
+    flushed to disk when the block ends (a build writes such files into a staging directory: databuild.py)."""
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         yield lambda line: handle.write(line + "\n")
         handle.flush()
@@ -119,6 +119,16 @@ def line_writer(path):
 def write_json(path, value):
     """Atomically write ``value`` as indented JSON."""
     atomic_write(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_json(fpath, remedy):
+    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a UserError naming it,
+    what is wrong and `remedy`, what to do about it."""
+    try:
+        with open(fpath, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
+        raise UserError("%s is not valid JSON (%s): %s" % (fpath, str(error).splitlines()[0][:120], remedy)) from None
 
 
 def sha256_bytes(data):

@@ -13,16 +13,13 @@ import time
 
 STARTED = time.time()  # before TensorFlow is imported: start-up time counts from here
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+import runtime  # first: TensorFlow's environment defaults
 
 import collections.abc
 import contextlib
 import dataclasses
-import glob
 import math
 import signal
-import shutil
-import struct
 import sys
 
 import numpy as np
@@ -31,14 +28,14 @@ import tensorflow as tf
 
 import distributed
 from data_load import eval_order, get_batch
+from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
 from errors import DiskFull, UserError, is_disk_full, run_cli
-from hparams import Hparams, parse_flags
+from hparams import Hparams, check_ranges, parse_flags
+from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
+                    logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs)
 from model import SCHEDULE_TOTAL_STEPS, Transformer
-from textio import atomic_write, check_writable_dir
-from utils import (Progress, calc_bleu, check_ranges, check_vocab, checkpoint_state, find_checkpoint, fingerprint,
-                   get_hypotheses, is_averaged, load_manifest, load_trained_hparams, logdir_lock, read_lines,
-                   remove_stale_pins, resolve_precision, restore, save_hparams, save_variable_specs, session_config,
-                   split_paths)
+from textio import atomic_write, check_writable_dir, read_lines
+from utils import Progress, calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
 
@@ -51,7 +48,7 @@ def resolve_hparams(argv):
     """
     hp, given = parse_flags(Hparams(prog="train.py").parser, argv)
     trained_data_dir = None
-    if os.path.exists(os.path.join(hp.logdir, "hparams.json")):
+    if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
         hp = load_trained_hparams(hp.logdir, given)
         trained_data_dir = vars(hp).pop("trained_data_dir")
     check_ranges(hp)
@@ -59,7 +56,7 @@ def resolve_hparams(argv):
     if trained_data_dir:
         check_vocab(hp, manifest, trained_data_dir)
     vars(hp).update(fingerprint(hp.data_dir, manifest))
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     return hp, manifest
 
 
@@ -148,18 +145,6 @@ class StopRequest:
 
     def _handle(self, signum, frame):
         self.signal = signal.Signals(signum).name
-
-
-def remove_partial_checkpoints(logdir, prefix=None):
-    """Deletes the temporary files of a checkpoint whose writing was killed or failed (TensorFlow's *.tempstate*
-    files and PREFIX_temp directories), the directories of readers killed while pinning a checkpoint, and, given a
-    prefix (LOGDIR/NAME-STEP), every file of that checkpoint."""
-    for path in glob.glob(os.path.join(glob.escape(logdir), "*")):
-        if ".tempstate" in os.path.basename(path) or (prefix and path.startswith(prefix + "_temp")):
-            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
-        elif prefix and path.startswith(prefix + "."):
-            os.remove(path)
-    remove_stale_pins(logdir)
 
 
 @dataclasses.dataclass
@@ -367,46 +352,6 @@ def nothing_to_do(hp, budget, step, epoch):
         hp.logdir, step, epoch, end, longer)
 
 
-def whole_records_size(path):
-    """The length of the leading part of a TFRecord file (an events file) made of whole records: each is an 8-byte
-    length, a 4-byte checksum, the data and a 4-byte checksum. A write cut short (a full disk) leaves a torn record
-    after it."""
-    size, offset = os.path.getsize(path), 0
-    with open(path, "rb") as f:
-        while True:
-            header = f.read(12)
-            if len(header) < 12:
-                return offset
-            end = offset + 12 + struct.unpack("<Q", header[:8])[0] + 4
-            if end > size:
-                return offset
-            offset = end
-            f.seek(offset)
-
-
-class EventsFile:
-    """The summary writer of a run (None: a worker that writes no summaries) and the events file it writes."""
-
-    def __init__(self, logdir=None, graph=None):
-        if logdir is None:
-            self.writer, self.path = distributed.NullWriter(), None
-            return
-        pattern = os.path.join(glob.escape(logdir), "events.out.tfevents.*")
-        before = set(glob.glob(pattern))
-        self.writer = tf1.summary.FileWriter(logdir, graph)
-        self.writer.flush()
-        self.path = max(set(glob.glob(pattern)) - before, key=os.path.getmtime, default=None)
-
-    def cut_off(self):
-        """After a full disk: closes the writer (its failed write raises again) and cuts off a torn last record."""
-        try:
-            self.writer.close()
-        except Exception:  # noqa: BLE001 (whatever the writer thread failed with, the file is repaired below)
-            pass
-        if self.path and os.path.exists(self.path):
-            os.truncate(self.path, whole_records_size(self.path))
-
-
 def last_good_checkpoint(g):
     """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or None."""
     existing = [path for path in g.saver.last_checkpoints if tf1.train.checkpoint_exists(path)]
@@ -427,7 +372,7 @@ def main(argv=None):
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
         os.makedirs(hp.logdir, exist_ok=True)
-        cluster = distributed.make_cluster(hp, session_config(hp))
+        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
         return train(hp, manifest, cluster)
 
 
@@ -437,10 +382,10 @@ def train(hp, manifest, cluster):
     check_splits(g, hp)
     if cluster.is_chief:
         save_hparams(hp, hp.logdir)
-    num_params = save_variable_specs(os.path.join(hp.logdir, "specs.txt"))
+    num_params = save_variable_specs(hp.logdir)
     print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
           % (g.num_train, g.num_over, "truncated" if hp.truncate else "skipped", g.num_eval, num_params))
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)

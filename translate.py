@@ -29,7 +29,7 @@ import argparse
 import contextlib
 import os
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+import runtime  # first: TensorFlow's environment defaults
 
 import sys
 
@@ -39,14 +39,15 @@ from tqdm import tqdm
 
 import ctranslate2_engine
 from data_load import pad
+from datadir import bpe_model_path
 from errors import UserError, run_cli
-from hparams import DECODING_FLAGS, Hparams, parse_flags
+from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
+from logdir import load_trained_hparams, restore, trained_model_files
 from model import NEG_INF, Transformer, max_decoding_steps
 from modules import positional_encoding
 from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
                     decode_lines)
-from utils import (check_ranges, load_trained_hparams, postprocess, resolve_precision, restore, session_config,
-                   trained_model_files)
+from utils import postprocess
 
 tf1 = tf.compat.v1
 
@@ -95,7 +96,7 @@ def parse_args(argv):
         hp = ctranslate2_hparams(args, given)
     else:
         hp = load_trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
-        resolve_precision(hp)
+        runtime.resolve_precision(hp)
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     check_ranges(args, ("nbest",))
@@ -223,7 +224,7 @@ class Translator:
         if with_attention:
             self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
-        self.sess = tf1.Session(config=session_config(hp))
+        self.sess = tf1.Session(config=runtime.session_config(hp))
         restore(self.sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
 
     def run(self, sources):
@@ -366,7 +367,7 @@ def main(argv=None):
         sp = translator.sp
     else:
         manifest, ckpt = trained_model_files(hp, hp.ckpt)
-        sp = spm.SentencePieceProcessor(model_file=os.path.join(hp.data_dir, manifest["bpe_model"]))
+        sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
         translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
     plots = AttentionPlots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>

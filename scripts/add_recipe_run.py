@@ -24,10 +24,11 @@ import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
 
 import recipe_table  # noqa: E402
 from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
+from datadir import check_vocab, load_manifest  # noqa: E402
 from errors import OneLineParser, UserError, run_cli  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from textio import atomic_write  # noqa: E402
-from utils import check_vocab, checkpoint_state, load_manifest, load_trained_hparams, read_json  # noqa: E402
+from logdir import checkpoint_state, load_trained_hparams  # noqa: E402
+from textio import atomic_write, read_json  # noqa: E402
 
 #: train.py flags that may differ between a run and its candidate: where things are, when training stops (the
 #: run's steps are recorded), how often dev is decoded and checkpoints kept, how the work is spread (same

@@ -34,9 +34,9 @@ import tensorflow as tf  # noqa: E402
 
 from bench_train import matmul_gflops  # noqa: E402
 from data_load import get_batch  # noqa: E402
+from datadir import MANIFEST_NAME, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from textio import iter_lines  # noqa: E402
-from utils import load_manifest, session_config  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -139,7 +139,7 @@ def pipeline_rates(data_dir, batches, train_flags):
                                      hp.batch_size, shuffle=True, batch_type=hp.batch_type, seed=hp.seed,
                                      growth=hp.bucket_growth)
         target_tokens = tf.reduce_sum(tf1.data.make_one_shot_iterator(dataset.repeat()).get_next()[1][2])
-        with tf1.Session(config=session_config(hp)) as sess:
+        with tf1.Session(config=runtime.session_config(hp)) as sess:
             sess.run(target_tokens)
             start, tokens = time.time(), 0
             for _ in range(batches):
@@ -163,7 +163,7 @@ def main(argv=None):
     result = {"pairs": args.pairs}
     paths = make_corpus(args.multi30k, workdir / ("corpus-%d" % args.pairs), args.pairs, args.eval_lines)
     big = workdir / ("data-%d" % args.pairs)
-    if not (args.reuse and (big / "manifest.json").exists()):
+    if not (args.reuse and (big / MANIFEST_NAME).exists()):
         result["prepro_s"], memory = prepro(paths, big)
         result.update({"prepro_%s_mb" % key: value for key, value in memory.items()})
     reference_paths = {**paths, "train1": Path(args.multi30k) / "train.de", "train2": Path(args.multi30k) / "train.en"}
@@ -182,7 +182,7 @@ def main(argv=None):
     result["pipeline_batches_per_s"], result["pipeline_tgt_tokens_per_s"] = pipeline_rates(
         big, args.pipeline_batches, train_flags)
     result.update({"steps": args.steps, "train_flags": " ".join(train_flags),
-                   "matmul_gflops_per_s": matmul_gflops(session_config(Hparams().parser.parse_args(train_flags))),
+                   "matmul_gflops_per_s": matmul_gflops(runtime.session_config(Hparams().parser.parse_args(train_flags))),
                    **runtime.machine_summary()})
     print(json.dumps({key: round(value, 2) if isinstance(value, float) else value for key, value in result.items()}))
 

@@ -43,11 +43,11 @@ import tensorflow as tf  # noqa: E402
 import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, load_side, pad  # noqa: E402
+from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
+from logdir import find_checkpoint, load_trained_hparams, restore  # noqa: E402
 from model import Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
-from utils import (check_vocab, find_checkpoint, load_manifest, load_trained_hparams, resolve_precision,  # noqa: E402
-                   restore, session_config)
 
 tf1 = tf.compat.v1
 
@@ -78,13 +78,13 @@ def model_hparams(args):
     """The model's hyperparameters: from --logdir, or the benchmark size with the data dir's vocabulary."""
     if args.logdir:
         hp = load_trained_hparams(args.logdir, {"data_dir": args.data_dir, "threads": args.threads})
-        resolve_precision(hp)
+        runtime.resolve_precision(hp)
         check_vocab(hp, load_manifest(hp.data_dir), hp.trained_data_dir)
         return hp
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),
                                                     "--max_len_a", "0", "--max_len_b", str(args.max_steps)])
     hp.vocab_size = load_manifest(args.data_dir)["vocab_size"]
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     return hp
 
 
@@ -187,7 +187,7 @@ def main(argv=None):
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     hp = model_hparams(args)
-    config = session_config(hp)
+    config = runtime.session_config(hp)
     matmul = matmul_gflops(config)
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
     x, x_seqlen = tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])
@@ -202,7 +202,7 @@ def main(argv=None):
     ops = {"cached_greedy": cached_ids, "beam4": model.translate(xs, BEAM, *decoding)[0]}
     if not args.no_uncached:
         ops["uncached_greedy"] = model.translate(xs, 1, *decoding, cached=False)[0]
-    bpe_model = os.path.join(hp.data_dir, load_manifest(hp.data_dir)["bpe_model"])
+    bpe_model = bpe_model_path(hp.data_dir, load_manifest(hp.data_dir))
     with tf1.Session(config=config) as sess, tempfile.TemporaryDirectory() as tmp:
         if args.logdir:
             restore(sess, find_checkpoint(hp.logdir, hp.ckpt), hp.logdir)

@@ -16,13 +16,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
+import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 
 import tensorflow as tf  # noqa: E402
 
 import distributed  # noqa: E402
 import train  # noqa: E402
-from utils import session_config  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -40,7 +39,7 @@ def main(argv=None):
     tf1.disable_eager_execution()
     with tempfile.TemporaryDirectory() as logdir:
         hp, manifest = train.resolve_hparams(argv + ["--logdir", logdir])
-        cluster = distributed.make_cluster(hp, session_config(hp))
+        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
         g = train.build_graph(hp, manifest, cluster)
         train_init, eval_init = [], []
         with tf1.Session(cluster.target, config=cluster.config) as sess:

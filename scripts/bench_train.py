@@ -32,8 +32,8 @@ import tensorflow as tf  # noqa: E402
 import distributed  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from data_load import get_batch  # noqa: E402
+from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from utils import load_manifest, resolve_precision, session_config  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -91,12 +91,12 @@ def main(argv=None):
     bench.add_argument("--profile", type=int, default=0, help="trace this many steps after the timed ones")
     args, rest = bench.parse_known_args(argv)
     hp = Hparams().parser.parse_args(rest)
-    resolve_precision(hp)
+    runtime.resolve_precision(hp)
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     manifest = load_manifest(hp.data_dir)
     hp.vocab_size = manifest["vocab_size"]
-    config = session_config(hp)
+    config = runtime.session_config(hp)
     matmul = matmul_gflops(config)
 
     start = time.time()

@@ -11,7 +11,7 @@ from model_fixtures import build, small_hp, train_step
 from errors import UserError
 from hparams import Hparams
 from in_process import run_in_process
-from utils import find_checkpoint, restore, save_hparams
+from logdir import find_checkpoint, restore, save_hparams
 
 tf1 = tf.compat.v1
 

@@ -10,9 +10,9 @@ import tensorflow as tf
 import prepro
 from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, eval_order, generator_fn, get_batch, load_side,
                        load_vocab, pad, plan_batches, select_pairs, text_ids, trained_target_tokens)
+from datadir import load_manifest
 from errors import UserError
 from idsfile import IdsWriter, ids_dtype, read_ids
-from utils import load_manifest
 
 tf1 = tf.compat.v1
 

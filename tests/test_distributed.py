@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import distributed
 from model_fixtures import Placeholders, random_ids, small_hp
-from utils import UserError
+from errors import UserError
 
 tf1 = tf.compat.v1
 

@@ -27,6 +27,7 @@ import prepro
 import test as test_cli
 import train
 import translate
+from datadir import MANIFEST_NAME
 from in_process import run_in_process
 
 
@@ -81,8 +82,8 @@ def ids_out_of_range(path):
 #: How a data dir gets damaged: (file, damage, the tool that finds it, what its line says).
 DAMAGES = [
     ("eval.2", lambda path: cut(path, 40), "train.py", "eval split of {data} should have 50 lines in each file "
-                                                       "(manifest.json) but has: eval.1.offsets 50, eval.1 50, "
-                                                       "eval.2.offsets 50, eval.2 40"),
+                                                       "(%s) but has: eval.1.offsets 50, eval.1 50, eval.2.offsets 50, "
+                                                       "eval.2 40" % MANIFEST_NAME),
     ("eval.1", lambda path: cut(path, 49), "train.py", "eval.1 49"),
     ("eval.2.offsets", drop_last_offset, "train.py", "eval.2.offsets 49"),
     ("train.1.offsets", drop_last_offset, "train.py", "train.1.offsets 1999"),
@@ -521,7 +522,7 @@ def test_prepro_refuses_a_dev_or_test_split_of_blank_lines(tmp_path, capsys, spl
     code, _, err = run_in_process(capsys, "prepro.py", prepro.main, *args, "--vocab_size", "100", "--data_dir",
                                   tmp_path / "data")
     assert code == 2 and "every pair of the %s split has a blank side" % name in err
-    assert not (tmp_path / "data" / "manifest.json").exists()
+    assert not (tmp_path / "data" / MANIFEST_NAME).exists()
 
 
 def test_prepro_warns_when_the_target_repeats_the_source(tmp_path, capsys):

@@ -4,7 +4,6 @@ import functools
 import gzip
 import http.server
 import io
-import json
 import subprocess
 import sys
 import tarfile
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
+import databuild
 import datadir
 import prepro
 from data_load import load_side
@@ -39,8 +39,8 @@ def run_prepro(*argv):
 
 
 def read_manifest(data_dir):
-    """The manifest.json of a data directory."""
-    return json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))
+    """The manifest of a data directory."""
+    return datadir.read_manifest(data_dir)
 
 
 def raw_lines(path):
@@ -319,7 +319,7 @@ def test_vocab_size_too_large(tmp_path, capsys):
     assert run_prepro(*files_args(paths), "--vocab_size", "50000", "--data_dir", tmp_path / "data") == 2
     error = capsys.readouterr().err
     assert "--vocab_size 50000 is too large for this training corpus: use --vocab_size" in error
-    assert not (tmp_path / "data" / "manifest.json").exists()
+    assert not (tmp_path / "data" / datadir.MANIFEST_NAME).exists()
 
 
 def test_existing_data_dir_with_other_options(numbers_dir, capsys):
@@ -494,12 +494,12 @@ def test_unreachable_url_gives_one_clear_line(tmp_path, capsys):
 
 
 def test_failed_write_keeps_the_old_file(tmp_path):
-    target = tmp_path / "manifest.json"
+    target = tmp_path / datadir.MANIFEST_NAME
     atomic_write(target, b"old")
     with pytest.raises(TypeError):
         atomic_write(target, 42)
     assert target.read_bytes() == b"old"
-    assert [path.name for path in tmp_path.iterdir()] == ["manifest.json"]
+    assert [path.name for path in tmp_path.iterdir()] == [datadir.MANIFEST_NAME]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -557,8 +557,8 @@ TOY_OPTIONS = {"dataset": "files", "vocab_size": 80, "dedup": True, "filter_rati
 
 def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
     splits, sources = toy_splits(tmp_path / "in")
-    whole = datadir.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
-    chunked = datadir.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
+    whole = databuild.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
+    chunked = databuild.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
     assert whole == chunked and whole["splits"]["train"]["lines"] == 300  # 300 > 7: 43 chunks
     names = sorted(path.name for path in (tmp_path / "whole").iterdir())
     assert names == sorted(path.name for path in (tmp_path / "chunked").iterdir())
@@ -568,7 +568,7 @@ def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
 
 def test_bpe_is_trained_on_a_seeded_sample_of_a_large_corpus(tmp_path):
     splits, sources = toy_splits(tmp_path / "in")
-    builds = [datadir.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
+    builds = [databuild.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
               for name in ("a", "b")]
     # 301 pairs without an empty side or a repeat (the length-ratio outlier leaves train after BPE)
     assert builds[0]["bpe_training"] == {"sentences": 602, "sample": 400}

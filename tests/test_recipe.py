@@ -17,10 +17,11 @@ import prepro  # noqa: E402
 import recipe  # noqa: E402
 import recipe_table  # noqa: E402
 from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
+from datadir import fingerprint, load_manifest  # noqa: E402
 from errors import UserError  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from in_process import run_in_process  # noqa: E402
-from utils import load_manifest, save_hparams, vocab_sha256  # noqa: E402
+from logdir import save_hparams  # noqa: E402
 
 MULTI30K_DIR = ROOT.parent / "shared/data/multi30k"
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "300"]
@@ -302,7 +303,7 @@ def finished_run(tmp_path, data_dir, flags, checkpoint, recipe_json=None):
     hp = Hparams().parser.parse_args(flags + ["--data_dir", data_dir, "--logdir", str(logdir), "--seed", "7",
                                               "--precision", "bf16", "--max_minutes", "30"])
     manifest = load_manifest(data_dir)
-    hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], vocab_sha256(data_dir, manifest)
+    hp.vocab_size, hp.vocab_sha256 = manifest["vocab_size"], fingerprint(data_dir, manifest)["vocab_sha256"]
     save_hparams(hp, str(logdir))
     (logdir / "checkpoint").write_text('model_checkpoint_path: "%s"\n' % checkpoint, encoding="utf-8")
     if recipe_json:

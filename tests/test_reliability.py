@@ -32,13 +32,17 @@ import tensorflow as tf
 
 import distributed
 import prepro
+import runtime
 import test as test_cli
 import train
 import translate
 import utils
+from datadir import MANIFEST_NAME, load_manifest
+from errors import UserError
 from in_process import run_in_process
-from textio import atomic_write
-from utils import calc_bleu, read_lines, session_config
+from logdir import CheckpointGone, find_checkpoint, load_trained_hparams, logdir_lock, restore, whole_records_size
+from textio import atomic_write, read_lines
+from utils import calc_bleu
 
 tf1 = tf.compat.v1
 
@@ -362,7 +366,7 @@ def tiny_graph(data_dir, logdir, **overrides):
     hp, manifest = train.resolve_hparams(args)
     graph = tf.Graph()
     with graph.as_default():
-        cluster = distributed.make_cluster(hp, session_config(hp))  # --distribute none: this process alone
+        cluster = distributed.make_cluster(hp, runtime.session_config(hp))  # --distribute none: this process alone
         return graph, train.build_graph(hp, manifest, cluster), hp
 
 
@@ -370,7 +374,7 @@ def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
     """A non-finite gradient in the last step of an epoch leaves a finite loss but NaN weights: train_epoch,
     after which train.py saves, must refuse them."""
     graph, g, hp = tiny_graph(data_dir, tmp_path)
-    with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
+    with graph.as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
         weight = tf1.trainable_variables()[0]
         sess.run(tf1.assign(weight, tf.fill(tf.shape(weight), np.nan)))
@@ -466,12 +470,12 @@ def test_prepro_filters_thousands_of_bad_training_pairs_and_never_dev_or_test(tm
             "--vocab_size", "300"]
 
     assert prepro.main(args + ["--data_dir", str(tmp_path / "reported")]) == 0
-    report = json.loads((tmp_path / "reported" / "manifest.json").read_text())["splits"]
+    report = json.loads((tmp_path / "reported" / MANIFEST_NAME).read_text())["splits"]
     assert (report["train"]["empty_pairs"], report["train"]["duplicate_pairs"]) == (1200, 2000)
     assert report["train"]["ratio_outliers"] == 50 and report["train"]["lines"] == 3000 + 2000 + 50
 
     assert prepro.main(args + ["--dedup", "--filter_ratio", "--data_dir", str(tmp_path / "filtered")]) == 0
-    report = json.loads((tmp_path / "filtered" / "manifest.json").read_text())["splits"]
+    report = json.loads((tmp_path / "filtered" / MANIFEST_NAME).read_text())["splits"]
     assert (report["train"]["dropped_empty"], report["train"]["dropped_duplicates"],
             report["train"]["dropped_ratio"]) == (1200, 2000, 50)
     kept = list(zip(read_lines(tmp_path / "filtered" / "train.1"), read_lines(tmp_path / "filtered" / "train.2")))
@@ -489,7 +493,7 @@ def test_prepro_filters_thousands_of_bad_training_pairs_and_never_dev_or_test(tm
 def first_losses(data_dir, logdir, steps, **overrides):
     """The losses of the first steps of train.py's graph and session (dropout on, shuffled batches)."""
     graph, g, hp = tiny_graph(data_dir, logdir, threads=0, batch_size=1000, **overrides)
-    with graph.as_default(), tf1.Session(config=session_config(hp)) as sess:
+    with graph.as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(g.train_init, {g.epoch: 0, g.skip: 0})
         return [sess.run([g.step.train_op, g.step.loss])[1] for _ in range(steps)]
@@ -531,7 +535,7 @@ def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, 
         assert first.process.poll() is None, "the first train.py ended"
         first.process.kill()
         assert first.finish()[0] == -signal.SIGKILL
-    with utils.logdir_lock(str(logdir)):  # free again: the kernel released the killed process's lock
+    with logdir_lock(str(logdir)):  # free again: the kernel released the killed process's lock
         pass
     assert not [name for name in os.listdir(logdir) if name.startswith(".reading-")]
 
@@ -539,8 +543,8 @@ def test_a_second_train_py_on_a_logdir_is_refused_while_readers_go_on(data_dir, 
 def test_the_logdir_lock_refuses_a_second_writer_and_is_released_after(trained, tmp_path):
     import avg_checkpoints
     logdir = copy_logdir(trained, tmp_path / "run")
-    with utils.logdir_lock(str(logdir)):
-        with pytest.raises(utils.UserError, match="%s is being written by train.py process %d on "
+    with logdir_lock(str(logdir)):
+        with pytest.raises(UserError, match="%s is being written by train.py process %d on "
                                                   % (re.escape(str(logdir)), os.getpid())):
             avg_checkpoints.main(["--logdir", str(logdir), "--last", "1"])
     assert avg_checkpoints.main(["--logdir", str(logdir), "--last", "1"]) == 0
@@ -560,12 +564,12 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
         return real_restore(saver, sess, path)
 
     monkeypatch.setattr(tf1.train.Saver, "restore", rotated_away_first)
-    hp = utils.load_trained_hparams(str(logdir), {})
+    hp = load_trained_hparams(str(logdir), {})
     with tf.Graph().as_default():
         from model import Transformer
         Transformer(hp).translate((tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])))
         with tf1.Session() as sess:
-            assert utils.restore(sess, ckpt, str(logdir)) == ckpt
+            assert restore(sess, ckpt, str(logdir)) == ckpt
             weights = sess.run(next(v for v in tf1.global_variables() if v.op.name.startswith("shared_weight")))
             np.testing.assert_array_equal(weights, expected)
             assert not glob.glob(ckpt + ".*") and not glob.glob(str(logdir / ".reading-*"))
@@ -573,9 +577,9 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
             monkeypatch.setattr(tf1.train.Saver, "restore", real_restore)
             newest = str(tmp_path / "trained" / Path(ckpt).name)
             copy_logdir(trained, tmp_path / "trained")
-            assert utils.restore(sess, ckpt, str(tmp_path / "trained"), follow_latest=True) == newest
-            with pytest.raises(utils.CheckpointGone, match="was deleted while it was being opened"):
-                utils.restore(sess, ckpt, str(tmp_path / "trained"))
+            assert restore(sess, ckpt, str(tmp_path / "trained"), follow_latest=True) == newest
+            with pytest.raises(CheckpointGone, match="was deleted while it was being opened"):
+                restore(sess, ckpt, str(tmp_path / "trained"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -604,7 +608,7 @@ BAD_TRAIN_FLAGS = [
 @pytest.mark.parametrize("flags, message", BAD_TRAIN_FLAGS, ids=[" ".join(flags) for flags, _ in BAD_TRAIN_FLAGS])
 def test_an_out_of_range_flag_is_refused_before_anything_is_built(data_dir, tmp_path, flags, message):
     args = ["--data_dir", str(data_dir), "--logdir", str(tmp_path / "run"), *TINY_MODEL, *flags]
-    with pytest.raises(utils.UserError, match=re.escape(message)):
+    with pytest.raises(UserError, match=re.escape(message)):
         train.resolve_hparams(args)
     assert not (tmp_path / "run").exists()
 
@@ -638,7 +642,7 @@ def test_prepro_refuses_an_empty_dev_or_test_split(tmp_path, capsys):
         assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "the %s split is empty (--%s1 %s" % (name, split, tmp_path / split) in error
-        assert not (tmp_path / "data" / "manifest.json").exists()
+        assert not (tmp_path / "data" / MANIFEST_NAME).exists()
 
 
 def test_train_refuses_a_training_set_that_the_length_limits_empty(tmp_path):
@@ -648,7 +652,7 @@ def test_train_refuses_a_training_set_that_the_length_limits_empty(tmp_path):
     args = write_files_corpus(tmp_path / "in", {"train": long_pairs, "eval": list(zip(*corpus["eval"])),
                                                 "test": list(zip(*corpus["test"]))})
     assert prepro.main([*map(str, args), "--vocab_size", "100", "--data_dir", str(tmp_path / "data")]) == 0
-    with pytest.raises(utils.UserError, match=r"no training pairs left: all %d pairs of .* are longer than "
+    with pytest.raises(UserError, match=r"no training pairs left: all %d pairs of .* are longer than "
                                               r"--maxlen1 3 / --maxlen2 100 pieces" % len(long_pairs)):
         train.main(["--data_dir", str(tmp_path / "data"), "--logdir", str(tmp_path / "run"), *TINY_MODEL,
                     "--maxlen1", "3", "--batch_size", "2000"])
@@ -661,19 +665,19 @@ def emptied_split(data_dir, target, split):
     shutil.copytree(data_dir, target)
     for name in ("%s.1" % split, "%s.2" % split, "%s.1.bpe" % split, "%s.2.bpe" % split):
         (target / name).write_bytes(b"")
-    manifest = json.loads((target / "manifest.json").read_text())
+    manifest = json.loads((target / MANIFEST_NAME).read_text())
     manifest["splits"][split]["lines"] = 0
-    (target / "manifest.json").write_text(json.dumps(dict(manifest, format=1)))
+    (target / MANIFEST_NAME).write_text(json.dumps(dict(manifest, format=1)))
     return target
 
 
 def test_empty_dev_and_test_splits_of_an_old_data_dir_are_one_line(data_dir, trained, tmp_path):
     assert calc_bleu([], [])[0] == 0.0
     no_dev = emptied_split(data_dir, tmp_path / "no_dev", "eval")
-    with pytest.raises(utils.UserError, match="the dev split of %s is empty" % re.escape(str(no_dev))):
+    with pytest.raises(UserError, match="the dev split of %s is empty" % re.escape(str(no_dev))):
         train.main(["--data_dir", str(no_dev), "--logdir", str(tmp_path / "run"), *TINY_MODEL])
     no_test = emptied_split(data_dir, tmp_path / "no_test", "test")
-    with pytest.raises(utils.UserError, match="the test split of %s is empty" % re.escape(str(no_test))):
+    with pytest.raises(UserError, match="the test split of %s is empty" % re.escape(str(no_test))):
         test_cli.main(["--logdir", str(trained), "--data_dir", str(no_test)])
 
 
@@ -689,9 +693,9 @@ def test_a_failed_force_rebuild_leaves_the_old_data_dir_usable(tmp_path, capsys)
     assert prepro.main([*small, "--vocab_size", "100000", "--force"]) == 2  # more pieces than the corpus has
     assert "vocab" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in data.iterdir()} == before
-    assert utils.load_manifest(str(data))["vocab_size"] == 100
+    assert load_manifest(str(data))["vocab_size"] == 100
     assert prepro.main([*small, "--vocab_size", "120", "--force"]) == 0
-    assert utils.load_manifest(str(data))["vocab_size"] == 120 and set(os.listdir(data)) == set(before)
+    assert load_manifest(str(data))["vocab_size"] == 120 and set(os.listdir(data)) == set(before)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -744,7 +748,7 @@ def test_non_finite_dev_scores_with_finite_weights_stop_without_saving(trained, 
         return real_evaluate(sess, g, *args)
 
     monkeypatch.setattr(train, "evaluate", evaluate_with_huge_weights)
-    with pytest.raises(utils.UserError, match="dev: decoding scores are not finite .*; stopped without saving, "
+    with pytest.raises(UserError, match="dev: decoding scores are not finite .*; stopped without saving, "
                                               "the last good checkpoint is %s" % re.escape(good)):
         train.main(["--logdir", str(logdir), "--max_steps", "17", "--lr_schedule", "noam"])
     assert tf.train.latest_checkpoint(str(logdir)) == good
@@ -761,16 +765,16 @@ def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_p
     text = (broken_hparams / "hparams.json").read_text()
     (broken_hparams / "hparams.json").write_text(text[:len(text) // 2])
     for main in (train.main, test_cli.main, lambda argv: translate.main(argv + ["eins"])):
-        with pytest.raises(utils.UserError, match="%s is not valid JSON" % re.escape(
+        with pytest.raises(UserError, match="%s is not valid JSON" % re.escape(
                 str(broken_hparams / "hparams.json"))):
             main(["--logdir", str(broken_hparams)])
 
     broken_data = tmp_path / "data"
     shutil.copytree(data_dir, broken_data)
-    (broken_data / "manifest.json").write_text("not json\n")
+    (broken_data / MANIFEST_NAME).write_text("not json\n")
     for main in (train.main, test_cli.main):
-        with pytest.raises(utils.UserError, match="%s is not valid JSON .*prepro.py --data_dir %s --force" % (
-                re.escape(str(broken_data / "manifest.json")), re.escape(str(broken_data)))):
+        with pytest.raises(UserError, match="%s is not valid JSON .*prepro.py --data_dir %s --force" % (
+                re.escape(str(broken_data / MANIFEST_NAME)), re.escape(str(broken_data)))):
             main(["--logdir", str(trained), "--data_dir", str(broken_data)])
 
     broken_index = copy_logdir(trained, tmp_path / "index")
@@ -780,7 +784,7 @@ def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_p
     code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", broken_index, "--max_steps", "30")
     assert_one_error_line(code, err, "%s, the checkpoint index, is damaged" % (broken_index / "checkpoint"), good)
     assert sorted(os.listdir(broken_index)) == before  # never a fresh start over the old checkpoints
-    with pytest.raises(utils.UserError, match="the checkpoint index, is damaged"):
+    with pytest.raises(UserError, match="the checkpoint index, is damaged"):
         test_cli.main(["--logdir", str(broken_index)])
 
 
@@ -794,7 +798,7 @@ def enospc():
 
 def assert_whole_events_files(logdir):
     for path in logdir.glob("events.out.tfevents.*"):
-        assert train.whole_records_size(str(path)) == path.stat().st_size, path
+        assert whole_records_size(str(path)) == path.stat().st_size, path
         list(tf1.train.summary_iterator(str(path)))  # reads to the end without a DataLossError
 
 
@@ -813,7 +817,7 @@ def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_last_good_one(train
 
     monkeypatch.setattr(tf1.train.Saver, "save", save_on_a_full_disk)
     before = set(os.listdir(logdir))
-    with pytest.raises(utils.UserError) as error:
+    with pytest.raises(UserError) as error:
         train.main(["--logdir", str(logdir), "--max_steps", "30", "--lr_schedule", "noam"])
     message = str(error.value)
     assert re.match(r"no space left on the device while writing the checkpoint E02_L[\d.]+_B[\d.]+-30 \([\d.]+ MB "
@@ -839,7 +843,7 @@ def test_a_full_disk_while_dev_hypotheses_are_written_leaves_no_partial_file(tra
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    with pytest.raises(utils.UserError, match=r"no space left on the device while writing %s \([\d.]+ MB free on "
+    with pytest.raises(UserError, match=r"no space left on the device while writing %s \([\d.]+ MB free on "
                                               r"%s\); removed what was half-written, the last good checkpoint %s "
                                               r"is untouched" % (re.escape(str(logdir / "dev" / "epoch02.txt")),
                                                                  re.escape(str(logdir / "dev")), re.escape(good))):
@@ -856,7 +860,7 @@ def test_a_torn_events_record_is_cut_off(tmp_path):
     whole = path.stat().st_size
     with open(path, "ab") as f:
         f.write(struct.pack("<Q", 100) + b"\0" * 20)  # a record whose write stopped early
-    assert train.whole_records_size(str(path)) == whole
+    assert whole_records_size(str(path)) == whole
 
 
 # ------------------------------------------------------------------------------------------------
@@ -887,12 +891,12 @@ def test_prepro_reads_gzipped_files_and_names_a_directory(tmp_path, capsys):
 def test_checkpoint_file_names_and_relative_data_dirs(trained, tmp_path, monkeypatch):
     ckpt = tf.train.latest_checkpoint(str(trained))
     for suffix in (".index", ".data-00000-of-00001", ""):
-        assert utils.find_checkpoint(str(trained), ckpt + suffix) == ckpt
+        assert find_checkpoint(str(trained), ckpt + suffix) == ckpt
     logdir = copy_logdir(trained, tmp_path / "run")
     hparams = json.loads((logdir / "hparams.json").read_text())
     (logdir / "hparams.json").write_text(json.dumps({**hparams, "data_dir": "data/numbers_rel"}))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(utils.UserError, match="not found from %s: the data dir data/numbers_rel in %s/hparams.json "
+    with pytest.raises(UserError, match="not found from %s: the data dir data/numbers_rel in %s/hparams.json "
                                               "is relative to the directory train.py ran in; run from there, or "
                                               "pass --data_dir" % (re.escape(str(tmp_path)), re.escape(str(logdir)))):
         test_cli.main(["--logdir", str(logdir)])

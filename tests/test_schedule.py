@@ -92,11 +92,10 @@ def test_an_explicit_bf16_without_native_bfloat16_is_kept_with_a_warning():
 def test_threads_set_both_pools_and_zero_means_the_usable_cores(monkeypatch):
     from argparse import Namespace
 
-    import utils
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
-    config = utils.session_config(Namespace(threads=0))
+    config = runtime.session_config(Namespace(threads=0))
     assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, 3)
-    config = utils.session_config(Namespace(threads=1))
+    config = runtime.session_config(Namespace(threads=1))
     assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (1, 1)
 
 

@@ -1,0 +1,409 @@
+"""A training logdir: the one module that reads and writes its files (docs/checkpoint-format.md lists them).
+
+    hparams.json         the flags the model was trained with and its data dir's fingerprint
+    specs.txt            the name and shape of every trainable variable
+    train.lock           held by the process that writes the logdir
+    checkpoint           TensorFlow's index of the checkpoints, the latest last
+    NAME-STEP.*          a checkpoint of train.py; avg_*-STEP.* one of avg_checkpoints.py
+    events.out.tfevents.*  the summaries TensorBoard reads
+
+train.py writes a logdir (avg_checkpoints.py adds to it); test.py, translate.py and export.py read it and take no
+lock, pinning the checkpoint they read while training may rotate it away. What a killed run or a full disk leaves
+half-written (a checkpoint's temporary files, a dead reader's pins, a torn summary record) is removed or cut off
+here too.
+"""
+import contextlib
+import fcntl
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import tempfile
+import time
+from argparse import Namespace
+
+import numpy as np
+import tensorflow as tf
+
+import datadir
+from errors import DiskFull, UserError, is_disk_full
+from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, check_ranges, range_error, type_error
+from model import SCHEDULE_TOTAL_STEPS
+from textio import atomic_write, read_json
+
+tf1 = tf.compat.v1
+
+
+#: The lock file of a logdir, held by the train.py that trains it (or avg_checkpoints.py while it writes the
+#: checkpoint index); it names that process.
+LOCK_NAME = "train.lock"
+
+
+@contextlib.contextmanager
+def logdir_lock(logdir, tool="train.py"):
+    """Holds an exclusive lock (fcntl.flock) on LOGDIR/train.lock while `tool` writes the logdir, so that two
+    processes never write one logdir: a second one is refused with a UserError naming the process that holds the
+    lock. The kernel releases the lock when the process ends however it ends (SIGKILL too), so a lock file left
+    behind never blocks a later run. Readers (test.py, translate.py, export.py) take no lock."""
+    path = os.path.join(logdir, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
+            raise UserError("%s is being written by %s: wait for it to end, stop it, or use another --logdir"
+                            % (logdir, holder)) from None
+        holder = "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(),
+                                                         time.strftime("%Y-%m-%d %H:%M:%S"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+        yield
+    except OSError as error:
+        if is_disk_full(error):
+            raise DiskFull(path, path) from None
+        raise
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# ----------------------------------------------------------------------------------------------
+# hparams.json and specs.txt
+
+
+#: The file that holds the hyperparameters of the model trained in a logdir.
+HPARAMS_NAME = "hparams.json"
+
+
+def save_hparams(hp, path):
+    """Writes the namespace hp as hparams.json in the directory path."""
+    atomic_write(os.path.join(path, HPARAMS_NAME), json.dumps(vars(hp), indent=2, sort_keys=True) + "\n")
+
+
+def load_trained_hparams(logdir, overrides):
+    """The hyperparameters of the model trained in logdir: LOGDIR/hparams.json with `overrides` (a dict of flags
+    the user gave, e.g. hparams.explicit_flags) on top, their ranges checked. Flags added to hparams.py since it was
+    written get the value they stood for then (hparams.LEGACY_VALUES) or their defaults; hp.trained_data_dir is the
+    data dir the model was trained on. An override of the model's shape (hparams.MODEL_FLAGS) with another value
+    is a UserError: the checkpoints hold that shape."""
+    fpath = os.path.join(logdir, HPARAMS_NAME)
+    if not os.path.exists(fpath):
+        raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, logdir))
+    saved = read_json(fpath, "it was damaged; restore it from a copy, or write it again with the flags the model "
+                             "was trained with (see %s/specs.txt for its shape)" % logdir)
+    if not isinstance(saved, dict):
+        raise UserError("%s is not valid JSON for hyperparameters (not an object): restore it from a copy" % fpath)
+    problem = type_error(saved, fpath) or range_error(Namespace(**saved), saved, where=fpath)
+    if problem:
+        raise UserError(problem)
+    saved = {**LEGACY_VALUES, **saved}
+    for flag in MODEL_FLAGS:
+        if flag in overrides and overrides[flag] != saved.get(flag):
+            raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
+                            % (logdir, flag, saved.get(flag), overrides[flag]))
+    hp = Hparams().parser.parse_args([], namespace=Namespace(
+        **{**saved, **overrides, "logdir": logdir}))  # the defaults of flags that neither gives
+    hp.trained_data_dir = saved["data_dir"]
+    check_ranges(hp, overrides)
+    return hp
+
+
+def save_variable_specs(logdir):
+    """Writes the name and shape of every trainable variable, and the total parameter count, to LOGDIR/specs.txt.
+    Returns the count."""
+    lines, total = [], 0
+    for v in tf1.trainable_variables():
+        shape = v.shape.as_list()
+        total += int(np.prod(shape))
+        lines.append("%s %s" % (v.name, shape))
+    lines.append("num_params: %d" % total)
+    atomic_write(os.path.join(logdir, "specs.txt"), "\n".join(lines) + "\n")
+    return total
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def trained_model_files(hp, ckpt="", splits=()):
+    """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
+    checking the data dir's files (those of `splits` too), that the data dir's vocabulary is the one the model was
+    trained with and that the checkpoint holds trained weights."""
+    manifest = datadir.load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir, splits)
+    datadir.check_vocab(hp, manifest, hp.trained_data_dir)
+    ckpt = find_checkpoint(hp.logdir, ckpt)
+    check_trained(ckpt, hp.logdir)
+    return manifest, ckpt
+
+
+def check_trained(ckpt, logdir):
+    """Refuses a checkpoint of global step 0, whose weights are the random initial ones (earlier versions of
+    train.py saved one when interrupted before the first step)."""
+    try:
+        step = tf.train.load_checkpoint(ckpt).get_tensor("global_step")
+    except Exception:  # noqa: BLE001 (an unreadable checkpoint is reported by restore(), with the reason)
+        return
+    if step == 0:
+        raise UserError("%s holds untrained weights (global step 0: a run interrupted before its first step saved "
+                        "it): train first, or pass another --ckpt; checkpoints in %s: %s"
+                        % (ckpt, logdir, existing_checkpoints(logdir)))
+
+
+#: Name prefix of the checkpoints avg_checkpoints.py writes; training resumes from its own checkpoints only.
+AVERAGED_PREFIX = "avg_"
+
+
+def is_averaged(ckpt):
+    """Whether the checkpoint path ckpt was written by avg_checkpoints.py."""
+    return os.path.basename(ckpt).startswith(AVERAGED_PREFIX)
+
+
+#: What follows a checkpoint's name in the names of its files (a user may pass --ckpt with one of them).
+CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
+
+
+def checkpoint_state(logdir):
+    """The CheckpointState of logdir's index file (LOGDIR/checkpoint), None if it has none. A damaged index is a
+    UserError naming the checkpoints in logdir (TensorFlow would return None, and training would start over)."""
+    index = os.path.join(logdir, "checkpoint")
+    if not os.path.exists(index):
+        return None
+    state = tf1.train.get_checkpoint_state(logdir)
+    if state is None or not state.model_checkpoint_path:
+        names = sorted(name[:-len(".index")] for name in os.listdir(logdir) if name.endswith(".index"))
+        raise UserError("%s, the checkpoint index, is damaged: restore it from a copy, or replace it by the line "
+                        "model_checkpoint_path: \"NAME\" with NAME the newest of the checkpoints in %s (%s)"
+                        % (index, logdir, ", ".join(names) or "none"))
+    return state
+
+
+def find_checkpoint(logdir, ckpt=""):
+    """The checkpoint to restore: ckpt if given (the name of one of its files works too), else the latest in
+    logdir. A missing one is a UserError that lists the checkpoints that do exist."""
+    ckpt = CHECKPOINT_FILE_SUFFIX.sub("", ckpt)
+    state = checkpoint_state(logdir) if not ckpt else None
+    ckpt = ckpt or (state.model_checkpoint_path if state else "")
+    if not ckpt or not tf1.train.checkpoint_exists(ckpt):
+        raise UserError("checkpoint %s not found; checkpoints in %s: %s"
+                        % (ckpt or "(none)", logdir, existing_checkpoints(logdir) or "none, train first"))
+    return ckpt
+
+
+def existing_checkpoints(logdir):
+    """The checkpoints that logdir's index lists and whose files are there, comma-separated."""
+    state = checkpoint_state(logdir)
+    paths = state.all_model_checkpoint_paths if state else []
+    return ", ".join(path for path in paths if tf1.train.checkpoint_exists(path))
+
+
+#: Variables added to the training graph after checkpoints were first written; a checkpoint without them restores
+#: with them at their initial value.
+OPTIONAL_VARIABLES = (SCHEDULE_TOTAL_STEPS,)
+
+
+def checkpoint_difference(ckpt):
+    """How the variables of checkpoint ckpt differ from those of the default graph: a phrase, or None.
+
+    Weights in the checkpoint that the graph lacks count too (found by their Adam slot), so that a model with
+    fewer blocks never restores half of a bigger one silently.
+    """
+    saved = dict(tf.train.list_variables(ckpt))
+    names = set()
+    for variable in tf1.global_variables():
+        name, shape = variable.op.name, variable.shape.as_list()
+        names.add(name)
+        if name not in saved and name in OPTIONAL_VARIABLES:
+            continue
+        if name not in saved:
+            return "the model has %s %s but the checkpoint does not" % (name, shape)
+        if saved[name] != shape:
+            return "%s is %s in the checkpoint but %s in the model" % (name, saved[name], shape)
+    extra = sorted(name for name in saved if name + "/Adam" in saved and name not in names)
+    if extra:
+        return "the checkpoint has %s %s but the model does not" % (extra[0], saved[extra[0]])
+    return None
+
+
+def unreadable_reason(ckpt):
+    """Why the tensors of checkpoint ckpt can not be read (e.g. "Read less bytes than requested" for a truncated
+    data file), or None if they all can."""
+    try:
+        reader = tf.train.load_checkpoint(ckpt)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception as error:  # the reader raises OpError, IndexError, ... depending on the damage
+        return str(error).strip().splitlines()[0][:200]
+    return None
+
+
+def restore(sess, ckpt, logdir, saver=None, follow_latest=False):
+    """Restores every variable of the graph (or those of saver) from ckpt; OPTIONAL_VARIABLES that ckpt lacks are
+    initialized instead. Returns the checkpoint restored: with follow_latest (ckpt was the latest, not one the user
+    named), the newest one when training deleted ckpt before it could be opened.
+
+    A truncated or unreadable checkpoint, or one whose variables differ from the model built from hparams.json,
+    is a UserError that says what is wrong and lists the checkpoints that exist.
+    """
+    for _ in range(PIN_ATTEMPTS):
+        try:
+            restore_pinned(sess, ckpt, logdir, saver)
+            return ckpt
+        except CheckpointGone:
+            if not follow_latest:
+                raise
+            ckpt = find_checkpoint(logdir)
+    raise CheckpointGone(ckpt)
+
+
+#: How many checkpoints restore(follow_latest=True) tries while training keeps deleting them before they open.
+PIN_ATTEMPTS = 5
+
+
+class CheckpointGone(UserError):
+    """The checkpoint was deleted (training rotated it away, see --keep_checkpoints) before it could be opened."""
+
+    def __init__(self, ckpt):
+        super().__init__("checkpoint %s was deleted while it was being opened (training rotated it away, see "
+                         "--keep_checkpoints): run again to read the newest one" % ckpt)
+
+
+def restore_pinned(sess, ckpt, logdir, saver):
+    """restore() of one checkpoint, read through pinned_checkpoint."""
+    existing = existing_checkpoints(logdir) or "none"
+    with pinned_checkpoint(ckpt) as path:
+        try:
+            difference = checkpoint_difference(path)
+            if difference:
+                raise UserError("%s does not match the model that %s/hparams.json describes: %s; checkpoints in "
+                                "%s: %s" % (ckpt, logdir, difference, logdir, existing))
+            saved = {name for name, _ in tf.train.list_variables(path)}
+            missing = [v for v in tf1.global_variables() if v.op.name not in saved]
+            if missing:  # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at initial values
+                sess.run(tf1.variables_initializer(missing))
+                saver = tf1.train.Saver([v for v in tf1.global_variables() if v not in missing])
+            (saver or tf1.train.Saver()).restore(sess, path)
+        except (tf.errors.OpError, ValueError) as error:
+            reason = unreadable_reason(path) or str(error).strip().splitlines()[0][:200]
+            raise UserError("cannot restore %s (%s); checkpoints in %s: %s"
+                            % (ckpt, reason, logdir, existing)) from None
+
+
+#: Prefix of the directories in which pinned_checkpoint links a checkpoint's files, followed by the reader's pid.
+PIN_PREFIX = ".reading-"
+
+
+@contextlib.contextmanager
+def pinned_checkpoint(ckpt):
+    """Yields the path of checkpoint ckpt through hard links to its files in a private directory beside them,
+    removed afterwards. While a logdir is being trained, the Saver deletes old checkpoints (--keep_checkpoints):
+    the links keep the files of the one being read alive until it has been read. Where links can not be made
+    (a read-only logdir, a file system without hard links), yields ckpt itself."""
+    directory, name = os.path.split(os.path.abspath(ckpt))
+    try:
+        pin = tempfile.mkdtemp(dir=directory, prefix="%s%d-" % (PIN_PREFIX, os.getpid()))
+    except OSError:
+        yield ckpt
+        return
+    try:
+        files = [path for path in glob.glob(glob.escape(ckpt) + ".*")
+                 if CHECKPOINT_FILE_SUFFIX.fullmatch(path[len(ckpt):])]
+        try:
+            for path in files:
+                os.link(path, os.path.join(pin, os.path.basename(path)))
+        except FileNotFoundError:
+            raise CheckpointGone(ckpt) from None
+        except OSError:
+            yield ckpt
+            return
+        if not os.path.exists(os.path.join(pin, name + ".index")):
+            if os.path.exists(ckpt + ".index") or os.path.exists(ckpt):  # not a V2 checkpoint: read in place
+                yield ckpt
+                return
+            raise CheckpointGone(ckpt)
+        yield os.path.join(pin, name)
+    finally:
+        shutil.rmtree(pin, ignore_errors=True)
+
+
+def remove_stale_pins(logdir):
+    """Deletes the pinned_checkpoint directories of readers that died before removing them (killed)."""
+    for path in glob.glob(os.path.join(glob.escape(logdir), PIN_PREFIX + "*")):
+        pid = os.path.basename(path)[len(PIN_PREFIX):].split("-")[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, OSError):  # not ours, or a process of another user: still alive
+            pass
+
+
+def remove_partial_checkpoints(logdir, prefix=None):
+    """Deletes the temporary files of a checkpoint whose writing was killed or failed (TensorFlow's *.tempstate*
+    files and PREFIX_temp directories), the directories of readers killed while pinning a checkpoint, and, given a
+    prefix (LOGDIR/NAME-STEP), every file of that checkpoint."""
+    for path in glob.glob(os.path.join(glob.escape(logdir), "*")):
+        if ".tempstate" in os.path.basename(path) or (prefix and path.startswith(prefix + "_temp")):
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+        elif prefix and path.startswith(prefix + "."):
+            os.remove(path)
+    remove_stale_pins(logdir)
+
+
+# ----------------------------------------------------------------------------------------------
+# The events file
+
+
+def whole_records_size(path):
+    """The length of the leading part of a TFRecord file (an events file) made of whole records: each is an 8-byte
+    length, a 4-byte checksum, the data and a 4-byte checksum. A write cut short (a full disk) leaves a torn record
+    after it."""
+    size, offset = os.path.getsize(path), 0
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(12)
+            if len(header) < 12:
+                return offset
+            end = offset + 12 + struct.unpack("<Q", header[:8])[0] + 4
+            if end > size:
+                return offset
+            offset = end
+            f.seek(offset)
+
+
+class NullWriter:
+    """Stands in for tf1.summary.FileWriter on the processes that are not the chief (distributed.py)."""
+
+    def add_summary(self, summary, step):
+        """Drops summary."""
+
+    def flush(self):
+        """Nothing to flush."""
+
+    def close(self):
+        """Nothing to close."""
+
+
+class EventsFile:
+    """The summary writer of a run (None: a worker that writes no summaries) and the events file it writes."""
+
+    def __init__(self, logdir=None, graph=None):
+        if logdir is None:
+            self.writer, self.path = NullWriter(), None
+            return
+        pattern = os.path.join(glob.escape(logdir), "events.out.tfevents.*")
+        before = set(glob.glob(pattern))
+        self.writer = tf1.summary.FileWriter(logdir, graph)
+        self.writer.flush()
+        self.path = max(set(glob.glob(pattern)) - before, key=os.path.getmtime, default=None)
+
+    def cut_off(self):
+        """After a full disk: closes the writer (its failed write raises again) and cuts off a torn last record."""
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001 (whatever the writer thread failed with, the file is repaired below)
+            pass
+        if self.path and os.path.exists(self.path):
+            os.truncate(self.path, whole_records_size(self.path))
