@@ -347,7 +347,9 @@ def test_a_non_finite_loss_stops_without_saving(trained, tmp_path, capsys):
     logdir = copy_logdir(trained, tmp_path / "run")
     before = sorted(os.listdir(logdir))
     good = tf.train.latest_checkpoint(str(logdir))
-    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--lr", "1e9", "--max_steps",
+    # a rate at which the loss turns NaN after some steps but within the first epoch (at 1e9 it can stay finite,
+    # if absurd, until the epoch's end saves)
+    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--lr", "1e10", "--max_steps",
                                     "100", "--lr_schedule", "noam")
     line = assert_one_error_line(code, err, "stopped without saving, the last good checkpoint is %s" % good,
                                  "Try a lower --lr, a longer --warmup_steps")
