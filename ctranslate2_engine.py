@@ -154,7 +154,7 @@ class Translator:
                                              intra_threads=threads)
 
     def max_steps(self, sources):
-        """The decoding limit of a batch: the longest of ceil(a * source length + b) (model.max_decoding_steps)."""
+        """The decoding limit of a batch: the longest of ceil(a * source length + b) (decoding.max_decoding_steps)."""
         return max(int(np.ceil(self.hp.max_len_a * (len(ids) - 1) + self.hp.max_len_b)) for ids in sources)
 
     def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False):

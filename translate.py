@@ -40,10 +40,11 @@ from tqdm import tqdm
 import ctranslate2_engine
 from data_load import pad
 from datadir import bpe_model_path
+from decoding import NEG_INF, max_decoding_steps
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
-from model import NEG_INF, Transformer, max_decoding_steps
+from model import Transformer
 from modules import positional_encoding
 from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
                     decode_lines)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import CACHE_CHUNK, NEG_INF, grow_cache, max_decoding_steps, top_k_by_blocks, write_in_place
+from decoding import CACHE_CHUNK, NEG_INF, grow_cache, max_decoding_steps, top_k_by_blocks, write_in_place
 from model_fixtures import build, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1

@@ -718,7 +718,7 @@ def nan_decoder(cache_len, vocab_size=8):
 
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_decoding_stops_at_its_length_limit_whatever_the_log_probabilities(beam_size):
-    from model import beam_search, greedy_search
+    from decoding import beam_search, greedy_search
     max_steps = np.array([4, 7], np.int32)
     with tf.Graph().as_default(), tf1.Session() as sess:
         cache = tf.zeros([2 * beam_size, 7])
