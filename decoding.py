@@ -1,15 +1,18 @@
-"""Decoding: turning a model's step function into translations, greedy or by beam search, each batch inside one
-tf.while_loop (Vaswani et al., 2017, Section 6.1: beam search with a length penalty, output at most the input
-length plus a constant), and the decoding cache's memory.
+"""Decoding: a model's translations, greedy or by beam search, each batch inside one tf.while_loop (Vaswani et al.,
+2017, Section 6.1: beam search with a length penalty, outputs at most a constant longer than the input).
 
-    ids, scores = greedy_search(step_fn, state, max_steps, alpha)            # (N, T), (N,)
-    ids, scores = beam_search(step_fn, state, max_steps, beam_size, alpha)   # (N, K, T), (N, K), best first
+    settings = DecodingSettings(beam_size=4, alpha=0.6)    # or DecodingSettings.from_flags(hp)
+    ids, scores = translate(model, xs, settings)           # the best: (N, T), (N,)
+    ids, scores = beams(model, xs, settings)               # beam search's K best: (N, K, T), (N, K)
 
-A step function runs the decoder on one position per row: step_fn(tokens (B,), step, state[, parents]) -> logits
-(B, V), new state. model.Transformer builds the cached one (its decoder stack, one position at a time); this
-module knows nothing of the model's layers, only of logits, tokens and the cache's layout (B, h, L, d):
-grow_cache and write_in_place keep it about as long as what was decoded, and written without copies.
+model is a model.Transformer; xs = (x (N, T1), x_seqlen (N,)) as in model.py. The searches run a step function,
+step_fn(tokens (B,), step, state[, parents]) -> logits (B, V), new state, that the model builds
+(Transformer.cached_decoder: its decoder stack one position at a time). This module knows logits, tokens and the
+cache's layout (B, h, L, d), not the model's layers: grow_cache and write_in_place keep the cache about as long
+as what was decoded, and write it without copies.
 """
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -17,6 +20,22 @@ from textio import BOS_ID, EOS_ID, PAD_ID
 
 #: Stands in for log(0) in decoding: finite, so sums and differences never turn into NaN.
 NEG_INF = -1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How to decode, with the defaults of hparams.py's flags of the same names: beam_size hypotheses per sentence
+    (1: greedy decoding), the alpha of length_penalty, and at most max_len_a * source length + max_len_b steps per
+    sentence (max_decoding_steps)."""
+    beam_size: int = 1
+    alpha: float = 0.6
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+
+    @classmethod
+    def from_flags(cls, hp):
+        """The settings of parsed flags hp (--beam_size, --alpha, --max_len_a, --max_len_b)."""
+        return cls(hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
 
 
 def length_penalty(length, alpha):
@@ -233,3 +252,44 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
     _, _, _, finished_ids, finished_scores, _, _ = tf.while_loop(
         cond, body, loop_vars, shape_invariants=invariants, maximum_iterations=tf.reduce_max(max_steps))
     return finished_ids, finished_scores
+
+
+# ---------------------------------------------------------------- a model's translations
+def translate(model, xs, settings, cached=True):
+    """The best translation of each sentence of a batch.
+
+    model: model.Transformer. xs: (x (N, T1), x_seqlen (N,)). settings: DecodingSettings (beam_size 1: greedy).
+    cached False re-runs the whole decoder per step (greedy only: the reference the tests hold the cache to).
+    Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
+    """
+    if settings.beam_size > 1:
+        if not cached:
+            raise ValueError("beam search always decodes with the cache")
+        ids, scores = beams(model, xs, settings)
+        return ids[:, 0, :], scores[:, 0]
+    memory, src_masks, max_steps = _encode(model, xs, settings)
+    if cached:
+        step_fn, state = model.cached_decoder(memory, src_masks)
+        append = None
+    else:
+        step_fn, state, append = model.uncached_decoder(memory, src_masks)
+    return greedy_search(step_fn, state, max_steps, settings.alpha, append)
+
+
+def beams(model, xs, settings):
+    """Beam search with settings.beam_size hypotheses per sentence (1 too), each with a row of the cache.
+
+    model, xs, settings: as in translate. Returns the finished hypotheses' ids (N, K, T) and scores (N, K), best
+    first; a slot that no hypothesis filled scores NEG_INF.
+    """
+    memory, src_masks, max_steps = _encode(model, xs, settings)
+    K = settings.beam_size
+    step_fn, state = model.cached_decoder(tile_beams(memory, K), tile_beams(src_masks, K))  # N*K rows
+    return beam_search(step_fn, state, max_steps, K, settings.alpha)
+
+
+def _encode(model, xs, settings):
+    """The encoder output (N, T1, d_model), its padding masks (N, T1) and each sentence's step limit (N,)."""
+    memory, src_masks = model.encode(xs, training=False)
+    _, x_seqlen = xs
+    return memory, src_masks, max_decoding_steps(x_seqlen, settings.max_len_a, settings.max_len_b)

@@ -2,7 +2,11 @@
 
     model = Transformer(hp)                       # hp: namespace with vocab_size, d_model, d_ff, num_blocks, ...
     loss_sum, token_count, attention = model.loss(xs, ys)   # training: distributed.build_train builds the step
-    ids, scores, summaries = model.eval(xs, ys)   # greedy (or beam, hp.beam_size) with a decoding cache
+    ids, scores, summaries = model.eval(xs, settings)       # dev translations (decoding.translate), a summary
+
+Decoding itself (greedy and beam search, the step limits, the cache's memory) is decoding.py's. The model gives it
+cached_decoder: the decoder stack run one position at a time over a cache of the earlier positions' keys and
+values, built here beside _decoder_stack since both spell the same layers and variable names.
 
 xs = (x, x_seqlen): x (N, T1) int32 source ids ending in </s>, padded with 0; x_seqlen (N,) counts </s>.
 ys = (decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
@@ -16,8 +20,7 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
 """
 import tensorflow as tf
 
-from decoding import (beam_search, decoding_log_probs, greedy_search, grow_cache, length_penalty, max_decoding_steps,
-                      tile_beams, write_in_place)
+from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
                      get_token_embeddings, key_biases, ln, noam_cooldown_scheme, noam_scheme, output_loss,
                      positional_encoding, scaled_dot_product_attention, self_attention, sublayer_input,
@@ -132,7 +135,7 @@ class Transformer:
                                tf.boolean_mask(y, nonpadding), self.hp.smoothing, self.dtype)
         return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
 
-    # ---------------------------------------------------------------- decoding
+    # ---------------------------------------------------------------- one position at a time, for decoding.py
     def _project_memory(self, memory):
         """Cross-attention keys and values of every decoder block, computed and split into heads once per batch.
 
@@ -231,8 +234,11 @@ class Transformer:
             dec = self._final_ln(dec)
         return self._logits(dec, output_kernel), new_cache
 
-    def _cached_decoder(self, memory, src_masks):
-        """Step function and initial state for decoding with a cache. memory: (B, T1, d_model). src_masks: (B, T1).
+    def cached_decoder(self, memory, src_masks):
+        """Step function and initial state for decoding with a cache (decoding.greedy_search and beam_search run it).
+
+        memory: (B, T1, d_model). src_masks: (B, T1). Returns step_fn(tokens (B,), step, state, parents=None) ->
+        logits (B, V), new state (see _cached_step), and the empty cache.
         """
         hp = self.hp
         memory_kv = self._project_memory(memory)
@@ -246,8 +252,11 @@ class Transformer:
             return self._cached_step(tokens, step, state, parents, qkv_kernels, memory_kv, head_masks, output_kernel)
         return step_fn, cache
 
-    def _uncached_decoder(self, memory, src_masks):
-        """Step function and initial state that re-run the whole decoder on the prefix (reference path)."""
+    def uncached_decoder(self, memory, src_masks):
+        """Step function, initial state and append function that re-run the whole decoder on the prefix (the
+        reference the cache is tested against; decoding.greedy_search runs it). memory: (B, T1, d_model). src_masks:
+        (B, T1). Returns step_fn(tokens (B,), step, prefix) -> logits (B, V), prefix; the prefix (B, 1) of <s>;
+        append(prefix, tokens) -> prefix (B, t+2)."""
         prefix = tf.fill([tf.shape(memory)[0], 1], BOS_ID)  # (B, 1)
         output_kernel = self._output_kernel()
 
@@ -259,37 +268,6 @@ class Transformer:
         def append(state, tokens):
             return tf.concat([state, tokens[:, None]], axis=1)  # (B, t+2)
         return step_fn, prefix, append
-
-    def translate(self, xs, beam_size=1, alpha=0.6, max_len_a=1.5, max_len_b=10, cached=True):
-        """Translates a batch inside one tf.while_loop.
-
-        xs: (x (N, T1), x_seqlen (N,)). At most max_len_a * source_length + max_len_b steps per sentence.
-        beam_size 1 is greedy decoding. cached False re-runs the full decoder per step (greedy only; for tests).
-        Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
-        """
-        memory, src_masks = self.encode(xs, training=False)
-        max_steps = max_decoding_steps(xs[1], max_len_a, max_len_b)
-        if beam_size == 1:
-            if cached:
-                step_fn, state = self._cached_decoder(memory, src_masks)
-                append = None
-            else:
-                step_fn, state, append = self._uncached_decoder(memory, src_masks)
-            return greedy_search(step_fn, state, max_steps, alpha, append)
-        if not cached:
-            raise ValueError("beam search always decodes with the cache")
-        ids, scores = self.beam_search(memory, src_masks, max_steps, beam_size, alpha)
-        return ids[:, 0, :], scores[:, 0]
-
-    def beam_search(self, memory, src_masks, max_steps, beam_size, alpha):
-        """Beam search with the decoding cache. memory: (N, T1, d_model). src_masks: (N, T1). max_steps: (N,).
-
-        Returns the n-best ids (N, K, T) and scores (N, K), best first.
-        """
-        tiled_memory = tile_beams(memory, beam_size)  # (N*K, T1, d_model)
-        tiled_masks = tile_beams(src_masks, beam_size)
-        step_fn, state = self._cached_decoder(tiled_memory, tiled_masks)
-        return beam_search(step_fn, state, max_steps, beam_size, alpha)
 
     def _teacher_forced(self, xs, ids):
         """The decoder run on given translations ids (N, T) (ending in </s> then 0s) in eval mode.
@@ -316,12 +294,11 @@ class Transformer:
         """Cross-attention of the last decoder block for given translations ids (N, T): (N, h, T, T1)."""
         return self._teacher_forced(xs, ids)[1]
 
-    def eval(self, xs, ys):
-        """Translations of a batch with hp's decoding settings: ids (N, T), their scores (N,) (train.py refuses to
-        save a model whose scores are not finite), and an attention image summary."""
-        del ys  # references are scored as text, outside the graph
-        hp = self.hp
-        ids, scores = self.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+    def eval(self, xs, settings):
+        """Translations of a batch, xs: (x (N, T1), x_seqlen (N,)), decoded as settings (a decoding.DecodingSettings)
+        say: ids (N, T), their scores (N,) (train.py refuses to save a model whose scores are not finite), and an
+        attention image summary. The references are scored as text, outside the graph."""
+        ids, scores = translate(self, xs, settings)
         summaries = tf1.summary.image("eval_attention", attention_image(self.attention(xs, ids)))
         return ids, scores, summaries
 

@@ -40,7 +40,7 @@ from tqdm import tqdm
 import ctranslate2_engine
 from data_load import pad
 from datadir import bpe_model_path
-from decoding import NEG_INF, max_decoding_steps
+from decoding import NEG_INF, DecodingSettings, beams, translate
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
@@ -212,14 +212,12 @@ class Translator:
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
         xs = (self.x, self.x_seqlen)
-        model = Transformer(hp)
+        model, settings = Transformer(hp), DecodingSettings.from_flags(hp)
         if nbest == 1:
-            ids, scores = model.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+            ids, scores = translate(model, xs, settings)
             self.nbest_ids, self.nbest_scores = ids[:, None, :], scores[:, None]  # (N, 1, T), (N, 1)
         else:
-            memory, src_masks = model.encode(xs, training=False)
-            max_steps = max_decoding_steps(self.x_seqlen, hp.max_len_a, hp.max_len_b)
-            ids, scores = model.beam_search(memory, src_masks, max_steps, hp.beam_size, hp.alpha)
+            ids, scores = beams(model, xs, settings)
             self.nbest_ids, self.nbest_scores = ids[:, :nbest], scores[:, :nbest]  # (N, nbest, T), (N, nbest)
         self.attention = None
         if with_attention:

@@ -566,8 +566,10 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
     monkeypatch.setattr(tf1.train.Saver, "restore", rotated_away_first)
     hp = load_trained_hparams(str(logdir), {})
     with tf.Graph().as_default():
+        import decoding
         from model import Transformer
-        Transformer(hp).translate((tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])))
+        xs = (tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
+        decoding.translate(Transformer(hp), xs, decoding.DecodingSettings())
         with tf1.Session() as sess:
             assert restore(sess, ckpt, str(logdir)) == ckpt
             weights = sess.run(next(v for v in tf1.global_variables() if v.op.name.startswith("shared_weight")))
