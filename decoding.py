@@ -3,7 +3,7 @@
 
     settings = DecodingSettings(beam_size=4, alpha=0.6)    # or DecodingSettings.from_flags(hp)
     ids, scores = translate(model, xs, settings)           # the best: (N, T), (N,)
-    ids, scores = beams(model, xs, settings)               # beam search's K best: (N, K, T), (N, K)
+    ids, scores = nbest(model, xs, settings, n)            # the n best: (N, n, T), (N, n)
 
 model is a model.Transformer; xs = (x (N, T1), x_seqlen (N,)) as in model.py. The searches run a step function,
 step_fn(tokens (B,), step, state[, parents]) -> logits (B, V), new state, that the model builds
@@ -286,6 +286,21 @@ def beams(model, xs, settings):
     K = settings.beam_size
     step_fn, state = model.cached_decoder(tile_beams(memory, K), tile_beams(src_masks, K))  # N*K rows
     return beam_search(step_fn, state, max_steps, K, settings.alpha)
+
+
+def nbest(model, xs, settings, n):
+    """The n best translations of each sentence, best first: ids (N, n, T) and scores (N, n).
+
+    model, xs, settings: as in translate. n 1 is translate's best (greedy under beam_size 1); more are the n best
+    of beams, and need settings.beam_size n or more.
+    """
+    if n > settings.beam_size:
+        raise ValueError("the %d best translations need a beam of %d or more, not %d" % (n, n, settings.beam_size))
+    if n == 1:
+        ids, scores = translate(model, xs, settings)
+        return ids[:, None, :], scores[:, None]
+    ids, scores = beams(model, xs, settings)
+    return ids[:, :n], scores[:, :n]
 
 
 def _encode(model, xs, settings):

@@ -38,9 +38,9 @@ import tensorflow as tf
 from tqdm import tqdm
 
 import ctranslate2_engine
+import decoding
 from data_load import pad
 from datadir import bpe_model_path
-from decoding import NEG_INF, DecodingSettings, beams, translate
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
@@ -212,13 +212,9 @@ class Translator:
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
         xs = (self.x, self.x_seqlen)
-        model, settings = Transformer(hp), DecodingSettings.from_flags(hp)
-        if nbest == 1:
-            ids, scores = translate(model, xs, settings)
-            self.nbest_ids, self.nbest_scores = ids[:, None, :], scores[:, None]  # (N, 1, T), (N, 1)
-        else:
-            ids, scores = beams(model, xs, settings)
-            self.nbest_ids, self.nbest_scores = ids[:, :nbest], scores[:, :nbest]  # (N, nbest, T), (N, nbest)
+        model = Transformer(hp)
+        # (N, nbest, T), (N, nbest): best first
+        self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp), nbest)
         self.attention = None
         if with_attention:
             self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
@@ -277,7 +273,7 @@ def nbest_texts(part_results, sp):
     entries = []
     for k in range(len(texts[0])):
         part_scores = [scores[k] for _, scores, _ in part_results]
-        if min(part_scores) > NEG_INF / 2:
+        if min(part_scores) > decoding.NEG_INF / 2:
             entries.append((" ".join(part[k] for part in texts), float(sum(part_scores))))
     return entries
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from decoding import (CACHE_CHUNK, NEG_INF, DecodingSettings, beams, grow_cache, top_k_by_blocks, translate,
+from decoding import (CACHE_CHUNK, NEG_INF, DecodingSettings, beams, grow_cache, nbest, top_k_by_blocks, translate,
                       write_in_place)
 from model_fixtures import build, random_ids, small_hp, train_step
 
@@ -27,6 +27,7 @@ def decoding(request):
             "uncached": translate(model, ph.xs, DecodingSettings(alpha=0.6), cached=False),
             "beam1": beams(model, ph.xs, DecodingSettings(beam_size=1, alpha=0.0)),
             "beam4": translate(model, ph.xs, DecodingSettings(beam_size=4, alpha=0.6)),
+            "nbest2": nbest(model, ph.xs, DecodingSettings(beam_size=4, alpha=0.6), 2),
         }
         if trained:  # test_larger_alpha_prefers_longer_translations, with trained weights only
             for alpha in (0.0, 2.0):
@@ -83,6 +84,18 @@ def test_beam_of_four_never_scores_below_greedy(decoding):
     beam_ids, beam_scores = run("beam4")
     np.testing.assert_allclose(scores(beam_ids), beam_scores, atol=1e-4)
     assert np.all(scores(beam_ids) >= scores(greedy_ids) - 1e-5)
+
+
+def test_nbest_are_beam_searchs_best_in_order(decoding):
+    run, scores, _ = decoding
+    best_ids, best_scores = run("beam4")
+    nbest_ids, nbest_scores = run("nbest2")  # (N, 2, T), (N, 2)
+    np.testing.assert_array_equal(nbest_ids[:, 0], best_ids)
+    np.testing.assert_array_equal(nbest_scores[:, 0], best_scores)
+    filled = nbest_scores[:, 1] > NEG_INF / 2
+    assert filled.any()
+    assert np.all(nbest_scores[filled, 0] >= nbest_scores[filled, 1])
+    np.testing.assert_allclose(scores(nbest_ids[:, 1])[filled], nbest_scores[filled, 1], atol=1e-4)
 
 
 @pytest.mark.slow
