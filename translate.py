@@ -35,11 +35,10 @@ import sys
 
 import sentencepiece as spm
 import tensorflow as tf
-from tqdm import tqdm
 
 import ctranslate2_engine
 import decoding
-from data_load import pad
+from data_load import pad, run_in_length_batches
 from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
@@ -225,30 +224,16 @@ class Translator:
     def run(self, sources):
         """sources: list of N id lists, each ending in </s>.
 
-        Returns nbest ids (N, K, T) ending in </s> then 0s, scores (N, K) (a slot beam search could not fill
-        scores NEG_INF), and the best translations' attention (N, h, T2, T1), or None without --plot_attention.
+        Returns per source: nbest ids (K, T) ending in </s> then 0s, scores (K,) (a slot beam search could not fill
+        scores NEG_INF), and the best translation's attention (h, T2, T1), or None without --plot_attention.
         """
         x, x_seqlen = pad(sources)
         feed = {self.x: x, self.x_seqlen: x_seqlen}
         ids, scores = self.sess.run([self.nbest_ids, self.nbest_scores], feed)
-        attention = None
+        attention = [None] * len(sources)
         if self.attention is not None:
             attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
-        return ids, scores, attention
-
-    def run_batched(self, sources, progress=False):
-        """run() over any number of sources, in batches of sentences of similar length; results in order.
-
-        Returns a list with, per source, (ids (K, T), scores (K,), attention (h, T2, T1) or None)."""
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        results = [None] * len(sources)
-        starts = range(0, len(order), self.batch_size)
-        for start in tqdm(starts, desc="translating", disable=None if progress else True, leave=False):
-            batch = order[start:start + self.batch_size]
-            ids, scores, attention = self.run([sources[i] for i in batch])
-            for row, i in enumerate(batch):
-                results[i] = (ids[row], scores[row], None if attention is None else attention[row])
-        return results
+        return list(zip(ids, scores, attention))
 
     def close(self):
         self.sess.close()
@@ -267,7 +252,7 @@ def ctranslate2_translator(model_dir, hp, nbest):
 
 # ---------------------------------------------------------------- text out
 def nbest_texts(part_results, sp):
-    """part_results: the run_batched results of one line's parts. Returns [(text, score)], best first: entry k
+    """part_results: the translator's results of one line's parts. Returns [(text, score)], best first: entry k
     joins the k-th best translation of every part, with the sum of their scores."""
     texts = [postprocess(ids, sp) for ids, _, _ in part_results]  # per part, K texts
     entries = []
@@ -327,7 +312,7 @@ def translate_all(translator, lines, sp, limit, args, plots, out, where):
     for number, (_, notes) in enumerate(prepared, 1):
         report(where, number, notes)
     sources = [source for parts, _ in prepared for source in parts]
-    results = iter(translator.run_batched(sources, progress=True))
+    results = iter(run_in_length_batches(translator.run, sources, translator.batch_size, progress=True))
     for number, (parts, _) in enumerate(prepared, 1):
         part_results = [next(results) for _ in parts]
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
@@ -338,7 +323,7 @@ def translate_stream(translator, sp, limit, args, plots, out):
     for number, text in enumerate(stdin_lines(), 1):
         parts, notes = prepare(text, sp, limit)
         report("line", number, notes)
-        part_results = translator.run_batched(parts) if parts else []
+        part_results = run_in_length_batches(translator.run, parts, translator.batch_size) if parts else []
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
 
 
