@@ -44,7 +44,8 @@ def length_penalty(length, alpha):
 
 
 def max_decoding_steps(x_seqlen, max_len_a, max_len_b):
-    """ceil(a * source_length + b) for each sentence; x_seqlen (N,) counts </s>. Returns (N,) int32."""
+    """ceil(a * source_length + b) for each sentence (Section 6.1 allows source length + 50); x_seqlen (N,) counts
+    </s>. Returns (N,) int32."""
     return tf.cast(tf.math.ceil(max_len_a * tf.cast(x_seqlen - 1, tf.float32) + max_len_b), tf.int32)
 
 
@@ -194,7 +195,7 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
 
 
 def beam_search(step_fn, state, max_steps, beam_size, alpha):
-    """Beam search in one tf.while_loop; finished hypotheses are kept apart from the live ones.
+    """Beam search (Section 6.1) in one tf.while_loop; finished hypotheses are kept apart from the live ones.
 
     step_fn(tokens (N*K,), step, state, parents) -> logits (N*K, V), new state; every state tensor is (N*K, ...),
     and parents (N*K,) are the rows of the state that the N*K hypotheses continue: step_fn reorders the state
