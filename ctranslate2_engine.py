@@ -140,8 +140,9 @@ class Translator:
     """Translates batches of source ids with a converted model, with the interface of translate.Translator.
 
     Each batch is decoded for at most the longest limit of its sentences, max_len_a * source length + max_len_b
-    steps (counting </s>), since CTranslate2 takes one limit per batch; batches are sorted by length, so the limits
-    of a batch are close. <pad> and <s> are never output, as in our decoder.
+    steps (counting </s>), since CTranslate2 takes one limit per batch; translate.py batches sources of similar
+    length (data_load.run_in_length_batches), so the limits of a batch are close. <pad> and <s> are never output,
+    as in our decoder.
     """
 
     def __init__(self, model_dir, hp, nbest=1, compute_type="default", threads=0):
@@ -154,7 +155,7 @@ class Translator:
                                              intra_threads=threads)
 
     def max_steps(self, sources):
-        """The decoding limit of a batch: the longest of ceil(a * source length + b) (model.max_decoding_steps)."""
+        """The decoding limit of a batch: the longest of ceil(a * source length + b) (decoding.max_decoding_steps)."""
         return max(int(np.ceil(self.hp.max_len_a * (len(ids) - 1) + self.hp.max_len_b)) for ids in sources)
 
     def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False):
@@ -167,21 +168,14 @@ class Translator:
             max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps - 1,
             suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True, return_end_token=return_end_token)
 
-    def run_batched(self, sources, progress=False):
-        """Translates any number of sources in batches of similar length; results in order.
-
-        Returns a list with, per source, (ids (K, T) ending in </s> then 0s, scores (K,), None)."""
-        from tqdm import tqdm
-
+    def run(self, sources):
+        """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T) ending in </s> then
+        0s, scores (K,), None)."""
         from data_load import pad
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        results = [None] * len(sources)
-        starts = range(0, len(order), self.batch_size)
-        for start in tqdm(starts, desc="translating", disable=None if progress else True, leave=False):
-            batch = order[start:start + self.batch_size]
-            for i, result in zip(batch, self.decode([sources[i] for i in batch])):
-                hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens in result.hypotheses]
-                results[i] = (pad(hypotheses)[0], np.array(result.scores, np.float32), None)
+        results = []
+        for result in self.decode(sources):
+            hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens in result.hypotheses]
+            results.append((pad(hypotheses)[0], np.array(result.scores, np.float32), None))
         return results
 
     def close(self):

@@ -15,7 +15,8 @@ process that maps them). tf.data runs the generator ahead of the training step (
                padding included, and training sees one batch shape per width, since oneDNN builds and keeps
                kernels for every shape, which costs memory and time.
 Training batches are shuffled; evaluation batches (sentences mode) hold every line, sorted by source length
-(length_order), and the hypotheses are put back in line order.
+(length_order), and the hypotheses are put back in line order. The translators (translate.py's and CTranslate2's)
+batch their sources in the same order (run_in_length_batches).
 """
 import dataclasses
 import functools
@@ -24,6 +25,7 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
+from tqdm import tqdm
 
 from datadir import bpe_vocab_path, has_ids, split_paths
 from idsfile import read_ids, release_pages
@@ -148,6 +150,23 @@ def eval_order(data_dir, manifest, split):
     """(n,) the line index of each row of a split's evaluation batches (sentences mode), in the order they come."""
     _, offsets = load_side(data_dir, manifest, split, 1)
     return length_order(sequence_lengths(offsets))
+
+
+def run_in_length_batches(run_batch, sources, batch_size, progress=False):
+    """run_batch over any number of sources in batches of batch_size sources taken in length_order; returns its
+    results in the sources' order.
+
+    run_batch(list of sources) -> a list with one result per source. sources: id lists. progress: a tqdm bar
+    over the batches (shown on a terminal only).
+    """
+    order = length_order([len(source) for source in sources])
+    results = [None] * len(sources)
+    starts = range(0, len(order), batch_size)
+    for start in tqdm(starts, desc="translating", disable=None if progress else True, leave=False):
+        batch = order[start:start + batch_size]
+        for i, result in zip(batch, run_batch([sources[i] for i in batch])):
+            results[i] = result
+    return results
 
 
 def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.05):

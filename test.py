@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from data_load import eval_order, get_batch
 from datadir import bpe_model_path, split_paths
+from decoding import DecodingSettings, translate
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
@@ -51,7 +52,7 @@ def main(argv=None):
                         "set" % hp.data_dir)
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
-    ids, scores = Transformer(hp).translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
+    ids, scores = translate(Transformer(hp), xs, DecodingSettings.from_flags(hp))
     sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
     with tf1.Session(config=runtime.session_config(hp)) as sess:
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)

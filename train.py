@@ -29,6 +29,7 @@ import tensorflow as tf
 import distributed
 from data_load import eval_order, get_batch
 from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
+from decoding import DecodingSettings
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, check_ranges, parse_flags
 from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
@@ -197,7 +198,7 @@ def build_graph(hp, manifest, cluster):
     xs, ys = iterator.get_next()
 
     step = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
-    eval_ids, eval_scores, eval_summaries = Transformer(hp).eval(xs, ys)
+    eval_ids, eval_scores, eval_summaries = Transformer(hp).eval(xs, DecodingSettings.from_flags(hp))
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])

@@ -35,15 +35,15 @@ import sys
 
 import sentencepiece as spm
 import tensorflow as tf
-from tqdm import tqdm
 
 import ctranslate2_engine
-from data_load import pad
+import decoding
+from data_load import pad, run_in_length_batches
 from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
-from model import NEG_INF, Transformer, max_decoding_steps
+from model import Transformer
 from modules import positional_encoding
 from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
                     decode_lines)
@@ -212,14 +212,8 @@ class Translator:
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
         xs = (self.x, self.x_seqlen)
         model = Transformer(hp)
-        if nbest == 1:
-            ids, scores = model.translate(xs, hp.beam_size, hp.alpha, hp.max_len_a, hp.max_len_b)
-            self.nbest_ids, self.nbest_scores = ids[:, None, :], scores[:, None]  # (N, 1, T), (N, 1)
-        else:
-            memory, src_masks = model.encode(xs, training=False)
-            max_steps = max_decoding_steps(self.x_seqlen, hp.max_len_a, hp.max_len_b)
-            ids, scores = model.beam_search(memory, src_masks, max_steps, hp.beam_size, hp.alpha)
-            self.nbest_ids, self.nbest_scores = ids[:, :nbest], scores[:, :nbest]  # (N, nbest, T), (N, nbest)
+        # (N, nbest, T), (N, nbest): best first
+        self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp), nbest)
         self.attention = None
         if with_attention:
             self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
@@ -230,30 +224,16 @@ class Translator:
     def run(self, sources):
         """sources: list of N id lists, each ending in </s>.
 
-        Returns nbest ids (N, K, T) ending in </s> then 0s, scores (N, K) (a slot beam search could not fill
-        scores NEG_INF), and the best translations' attention (N, h, T2, T1), or None without --plot_attention.
+        Returns per source: nbest ids (K, T) ending in </s> then 0s, scores (K,) (a slot beam search could not fill
+        scores NEG_INF), and the best translation's attention (h, T2, T1), or None without --plot_attention.
         """
         x, x_seqlen = pad(sources)
         feed = {self.x: x, self.x_seqlen: x_seqlen}
         ids, scores = self.sess.run([self.nbest_ids, self.nbest_scores], feed)
-        attention = None
+        attention = [None] * len(sources)
         if self.attention is not None:
             attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
-        return ids, scores, attention
-
-    def run_batched(self, sources, progress=False):
-        """run() over any number of sources, in batches of sentences of similar length; results in order.
-
-        Returns a list with, per source, (ids (K, T), scores (K,), attention (h, T2, T1) or None)."""
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        results = [None] * len(sources)
-        starts = range(0, len(order), self.batch_size)
-        for start in tqdm(starts, desc="translating", disable=None if progress else True, leave=False):
-            batch = order[start:start + self.batch_size]
-            ids, scores, attention = self.run([sources[i] for i in batch])
-            for row, i in enumerate(batch):
-                results[i] = (ids[row], scores[row], None if attention is None else attention[row])
-        return results
+        return list(zip(ids, scores, attention))
 
     def close(self):
         self.sess.close()
@@ -272,13 +252,13 @@ def ctranslate2_translator(model_dir, hp, nbest):
 
 # ---------------------------------------------------------------- text out
 def nbest_texts(part_results, sp):
-    """part_results: the run_batched results of one line's parts. Returns [(text, score)], best first: entry k
+    """part_results: the translator's results of one line's parts. Returns [(text, score)], best first: entry k
     joins the k-th best translation of every part, with the sum of their scores."""
     texts = [postprocess(ids, sp) for ids, _, _ in part_results]  # per part, K texts
     entries = []
     for k in range(len(texts[0])):
         part_scores = [scores[k] for _, scores, _ in part_results]
-        if min(part_scores) > NEG_INF / 2:
+        if min(part_scores) > decoding.NEG_INF / 2:
             entries.append((" ".join(part[k] for part in texts), float(sum(part_scores))))
     return entries
 
@@ -332,7 +312,7 @@ def translate_all(translator, lines, sp, limit, args, plots, out, where):
     for number, (_, notes) in enumerate(prepared, 1):
         report(where, number, notes)
     sources = [source for parts, _ in prepared for source in parts]
-    results = iter(translator.run_batched(sources, progress=True))
+    results = iter(run_in_length_batches(translator.run, sources, translator.batch_size, progress=True))
     for number, (parts, _) in enumerate(prepared, 1):
         part_results = [next(results) for _ in parts]
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
@@ -343,7 +323,7 @@ def translate_stream(translator, sp, limit, args, plots, out):
     for number, text in enumerate(stdin_lines(), 1):
         parts, notes = prepare(text, sp, limit)
         report("line", number, notes)
-        part_results = translator.run_batched(parts) if parts else []
+        part_results = run_in_length_batches(translator.run, parts, translator.batch_size) if parts else []
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
 
 

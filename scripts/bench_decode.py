@@ -28,6 +28,7 @@ time per op type, in ms per run. The last line is one JSON object.
 """
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import resource
@@ -44,6 +45,7 @@ import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, load_side, pad  # noqa: E402
 from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
+from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from logdir import find_checkpoint, load_trained_hparams, restore  # noqa: E402
 from model import Transformer  # noqa: E402
@@ -192,16 +194,16 @@ def main(argv=None):
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
     x, x_seqlen = tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])
     xs = (x, x_seqlen)
-    decoding = (hp.alpha, hp.max_len_a, hp.max_len_b)
+    greedy = dataclasses.replace(DecodingSettings.from_flags(hp), beam_size=1)
 
     start = time.perf_counter()
     tf1.set_random_seed(hp.seed)
     model = Transformer(hp)
-    cached_ids, _ = model.translate(xs, 1, *decoding)
+    cached_ids, _ = translate(model, xs, greedy)
     graph_build_s = time.perf_counter() - start
-    ops = {"cached_greedy": cached_ids, "beam4": model.translate(xs, BEAM, *decoding)[0]}
+    ops = {"cached_greedy": cached_ids, "beam4": translate(model, xs, dataclasses.replace(greedy, beam_size=BEAM))[0]}
     if not args.no_uncached:
-        ops["uncached_greedy"] = model.translate(xs, 1, *decoding, cached=False)[0]
+        ops["uncached_greedy"] = translate(model, xs, greedy, cached=False)[0]
     bpe_model = bpe_model_path(hp.data_dir, load_manifest(hp.data_dir))
     with tf1.Session(config=config) as sess, tempfile.TemporaryDirectory() as tmp:
         if args.logdir:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ctranslate2_engine
+from decoding import DecodingSettings, translate
 from model_fixtures import build, random_ids, small_hp
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -25,7 +26,7 @@ def test_converted_model_decodes_like_our_cached_greedy(norm_type, tmp_path):
     hp = small_hp(num_blocks=2, norm_type=norm_type)
     with tf.Graph().as_default():
         model, ph = build(hp)
-        ids_op, _ = model.translate(ph.xs, 1, alpha=0.6, max_len_a=0.0, max_len_b=STEPS)
+        ids_op, _ = translate(model, ph.xs, DecodingSettings(alpha=0.6, max_len_a=0.0, max_len_b=STEPS))
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             variables = tf1.global_variables()
@@ -52,7 +53,7 @@ def test_int8_export_shrinks_the_model(tmp_path):
     hp = small_hp(vocab_size=40, d_model=64, d_ff=256)
     with tf.Graph().as_default():
         model, ph = build(hp)
-        model.translate(ph.xs, 1)  # creates every variable
+        translate(model, ph.xs, DecodingSettings())  # creates every variable
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             variables = tf1.global_variables()

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import CACHE_CHUNK, NEG_INF, grow_cache, max_decoding_steps, top_k_by_blocks, write_in_place
+from decoding import (CACHE_CHUNK, NEG_INF, DecodingSettings, beams, grow_cache, nbest, top_k_by_blocks, translate,
+                      write_in_place)
 from model_fixtures import build, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1
@@ -21,15 +22,16 @@ def decoding(request):
         trained = request.param == "trained"
         train_op = train_step(hp, ph).train_op if trained else None
         ops = {
-            "cached": model.translate(ph.xs, 1, alpha=0.6),
-            "cached_alpha0": model.translate(ph.xs, 1, alpha=0.0),
-            "uncached": model.translate(ph.xs, 1, alpha=0.6, cached=False),
-            "beam1": model.beam_search(*model.encode(ph.xs, False), max_decoding_steps(ph.x_seqlen, 1.5, 10), 1, 0.0),
-            "beam4": model.translate(ph.xs, 4, alpha=0.6),
+            "cached": translate(model, ph.xs, DecodingSettings(alpha=0.6)),
+            "cached_alpha0": translate(model, ph.xs, DecodingSettings(alpha=0.0)),
+            "uncached": translate(model, ph.xs, DecodingSettings(alpha=0.6), cached=False),
+            "beam1": beams(model, ph.xs, DecodingSettings(beam_size=1, alpha=0.0)),
+            "beam4": translate(model, ph.xs, DecodingSettings(beam_size=4, alpha=0.6)),
+            "nbest2": nbest(model, ph.xs, DecodingSettings(beam_size=4, alpha=0.6), 2),
         }
         if trained:  # test_larger_alpha_prefers_longer_translations, with trained weights only
             for alpha in (0.0, 2.0):
-                ops["beam4_alpha%g" % alpha] = model.translate(ph.xs, 4, alpha=alpha)
+                ops["beam4_alpha%g" % alpha] = translate(model, ph.xs, DecodingSettings(beam_size=4, alpha=alpha))
         ids = tf1.placeholder(tf.int32, [None, None])
         score = model.score(ph.xs, ids, alpha=0.6)
         sess = tf1.Session(graph=graph)
@@ -84,6 +86,18 @@ def test_beam_of_four_never_scores_below_greedy(decoding):
     assert np.all(scores(beam_ids) >= scores(greedy_ids) - 1e-5)
 
 
+def test_nbest_are_beam_searchs_best_in_order(decoding):
+    run, scores, _ = decoding
+    best_ids, best_scores = run("beam4")
+    nbest_ids, nbest_scores = run("nbest2")  # (N, 2, T), (N, 2)
+    np.testing.assert_array_equal(nbest_ids[:, 0], best_ids)
+    np.testing.assert_array_equal(nbest_scores[:, 0], best_scores)
+    filled = nbest_scores[:, 1] > NEG_INF / 2
+    assert filled.any()
+    assert np.all(nbest_scores[filled, 0] >= nbest_scores[filled, 1])
+    np.testing.assert_allclose(scores(nbest_ids[:, 1])[filled], nbest_scores[filled, 1], atol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("decoding", ["trained"], indirect=True)
 def test_larger_alpha_prefers_longer_translations(decoding):
@@ -104,7 +118,8 @@ def test_bfloat16_cached_greedy_equals_bfloat16_uncached_greedy():
     hp = small_hp(num_blocks=2, precision="bf16")
     with tf.Graph().as_default():
         model, ph = build(hp)
-        cached, uncached = model.translate(ph.xs, 1, alpha=0.6), model.translate(ph.xs, 1, alpha=0.6, cached=False)
+        greedy = DecodingSettings(alpha=0.6)
+        cached, uncached = translate(model, ph.xs, greedy), translate(model, ph.xs, greedy, cached=False)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             x = random_ids(rng, [9, 2, 5, 7, 3, 8], hp.vocab_size, width=11)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from decoding import DecodingSettings, translate
 from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1
@@ -152,6 +153,6 @@ def test_variable_names_are_stable():
         hp = small_hp(num_blocks=1)
         model, ph = build(hp)
         train_step(hp, ph)
-        model.translate(ph.xs, beam_size=2)
+        translate(model, ph.xs, DecodingSettings(beam_size=2))
         names = {v.name: v.shape.as_list() for v in tf1.trainable_variables()}
     assert names == expected_variables()

@@ -568,8 +568,10 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
     monkeypatch.setattr(tf1.train.Saver, "restore", rotated_away_first)
     hp = load_trained_hparams(str(logdir), {})
     with tf.Graph().as_default():
+        import decoding
         from model import Transformer
-        Transformer(hp).translate((tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])))
+        xs = (tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
+        decoding.translate(Transformer(hp), xs, decoding.DecodingSettings())
         with tf1.Session() as sess:
             assert restore(sess, ckpt, str(logdir)) == ckpt
             weights = sess.run(next(v for v in tf1.global_variables() if v.op.name.startswith("shared_weight")))
@@ -720,7 +722,7 @@ def nan_decoder(cache_len, vocab_size=8):
 
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_decoding_stops_at_its_length_limit_whatever_the_log_probabilities(beam_size):
-    from model import beam_search, greedy_search
+    from decoding import beam_search, greedy_search
     max_steps = np.array([4, 7], np.int32)
     with tf.Graph().as_default(), tf1.Session() as sess:
         cache = tf.zeros([2 * beam_size, 7])
