@@ -21,10 +21,10 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
 import tensorflow as tf
 
 from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
+from loss import output_loss
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
-                     get_token_embeddings, key_biases, ln, noam_cooldown_scheme, noam_scheme, output_loss,
-                     positional_encoding, scaled_dot_product_attention, self_attention, sublayer_input,
-                     sublayer_output, warmup_decay_scheme)
+                     get_token_embeddings, key_biases, ln, noam_cooldown_scheme, noam_scheme, positional_encoding,
+                     scaled_dot_product_attention, self_attention, sublayer_input, sublayer_output, warmup_decay_scheme)
 from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (PAD_ID: for the modules that import it from here)
 
 tf1 = tf.compat.v1
@@ -126,7 +126,7 @@ class Transformer:
     def loss(self, xs, ys):
         """Label-smoothed cross entropy summed over the non-pad target tokens, their count, and the last block's
         cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss. Logits are computed
-        for the non-pad tokens only, a chunk of rows at a time (modules.output_loss)."""
+        for the non-pad tokens only, a chunk of rows at a time (loss.output_loss)."""
         memory, src_masks = self.encode(xs)
         decoder_input, y, _ = ys
         dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)  # (N, T2, d_model)

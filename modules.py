@@ -338,85 +338,11 @@ def positional_encoding(inputs, start=0):
 def label_smoothing(inputs, epsilon=0.1):
     """Label smoothing (Section 5.4): (1 - epsilon) * one_hot + epsilon / V.
 
-    inputs: (..., V) one-hot rows. Returns (..., V).
+    inputs: (..., V) one-hot rows. Returns (..., V). Training never builds these targets (loss.output_loss
+    computes the same loss without them); the tests hold that loss to a cross entropy against these.
     """
     vocab_size = tf.cast(tf.shape(inputs)[-1], inputs.dtype)
     return (1.0 - epsilon) * inputs + epsilon / vocab_size
-
-
-def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
-    """Cross entropy against q = label_smoothing(one_hot(labels)) from one softmax, building no (M, V) targets.
-
-    With p = softmax(logits), lse the log-sum-exp of a row and y its label: -sum_v q_v log p_v
-    = lse - (1 - epsilon) logits[y] - epsilon mean_v(logits), and lse = logits[y] - log p_y, so the loss needs
-    only p_y and the row's mean logit (which the caller gets without a pass over V: see output_loss). Its gradient
-    d loss / d logits = p - (1 - epsilon) one_hot(y) - epsilon / V is returned as p alone: the caller applies the
-    one-hot and uniform parts where they cost (M,) or (V,) work instead of (M, V).
-    log p_y is taken of max(p_y, 1e-37): a token the model gives less than that has its loss capped near 85
-    nats (the gradient is exact).
-    logits: (M, V) float32. labels: (M,) int32. logit_means: (M,) mean_v(logits) of each row.
-    Returns losses (M,) and p = softmax(logits) (M, V).
-    """
-    probs = tf.nn.softmax(logits)  # (M, V)
-    label_probs = tf.gather(probs, labels, batch_dims=1)  # (M,)
-    label_logits = tf.gather(logits, labels, batch_dims=1)  # (M,)
-    losses = epsilon * (label_logits - logit_means) - tf.math.log(tf.maximum(label_probs, 1e-37))
-    return losses, probs
-
-
-def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256):
-    """Summed smoothed_cross_entropy of the output logits hidden @ embeddings^T (Sections 3.4 and 5.4), computed
-    chunk_rows rows at a time together with its gradient.
-
-    The (M, V) logits and their softmax are a training step's largest tensors. Here at most (chunk_rows, V) of
-    them exist at once: each chunk's softmax is multiplied into the gradients of hidden and embeddings in the
-    forward pass, and the backward pass only scales those by the upstream gradient. The rest of the logits'
-    gradient, -(1 - epsilon) one_hot(y) - epsilon / V, is added to those gradients directly: -(1 - epsilon) W_y -
-    epsilon mean_v(W_v) for each row of hidden, and -(1 - epsilon) h_i to row y_i of the embeddings' gradient for
-    every token i, -epsilon / V sum_i h_i to each of its rows. Each row's mean logit is h_i . mean_v(W_v).
-    The rows are padded with zeros to a multiple of chunk_rows, so every chunk has one shape whatever M is (oneDNN
-    builds kernels per shape); zero rows add nothing to the embeddings' gradient and their losses are left out of
-    the sum.
-    hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V, d_model) float32,
-    the output projection W. labels: (M,) int32. dtype: of the matrix products (bfloat16 or float16 for mixed
-    precision). Returns the sum of the M losses, a float32 scalar.
-    """
-    d_model = hidden.shape[-1]
-    rows = tf.shape(hidden)[0]
-    padding = -rows % chunk_rows
-    real_rows = tf.range(rows + padding) < rows  # (M + padding,)
-    labels = tf.pad(labels, [[0, padding]])
-
-    @tf.custom_gradient
-    def loss_sum(hidden, embeddings):  # hidden: (M + padding, d_model)
-        weights = tf.cast(embeddings, dtype)  # (V, d_model)
-        mean_embedding = tf.reduce_mean(embeddings, axis=0)  # (d_model,)
-        logit_means = tf.linalg.matvec(hidden, mean_embedding)  # (M + padding,)
-
-        def body(start, total, hidden_grads, embedding_grads):  # hidden_grads: one (chunk_rows, d_model) per chunk
-            chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
-            logits = tf.cast(tf.matmul(chunk, weights, transpose_b=True), tf.float32)  # (chunk_rows, V)
-            losses, probs = smoothed_cross_entropy(logits, labels[start:start + chunk_rows],
-                                                   logit_means[start:start + chunk_rows], epsilon)
-            probs = tf.cast(probs, dtype)
-            chunk_grads = tf.cast(tf.matmul(probs, weights), tf.float32)  # (chunk_rows, d_model)
-            embedding_grads += tf.cast(tf.matmul(probs, chunk, transpose_a=True), tf.float32)  # (V, d_model)
-            total += tf.reduce_sum(tf.where(real_rows[start:start + chunk_rows], losses, 0.0))
-            return start + chunk_rows, total, hidden_grads.write(start // chunk_rows, chunk_grads), embedding_grads
-
-        hidden_grads = tf.TensorArray(tf.float32, size=tf.shape(hidden)[0] // chunk_rows,
-                                      element_shape=[chunk_rows, d_model])
-        _, total, hidden_grads, embedding_grads = tf.while_loop(
-            lambda start, *_: start < rows, body,
-            [tf.constant(0), tf.constant(0.0), hidden_grads, tf.zeros_like(embeddings)],
-            parallel_iterations=1)  # one chunk at a time
-        hidden_grads = (hidden_grads.concat() - (1 - epsilon) * tf.gather(embeddings, labels)
-                        - epsilon * mean_embedding)  # (M + padding, d_model)
-        embedding_grads = tf.tensor_scatter_nd_sub(
-            embedding_grads - epsilon / embeddings.shape[0] * tf.reduce_sum(hidden, axis=0),
-            labels[:, None], (1 - epsilon) * hidden)  # (V, d_model)
-        return total, lambda upstream: (upstream * hidden_grads, upstream * embedding_grads)
-    return loss_sum(tf.pad(hidden, [[0, padding], [0, 0]]), embeddings)
 
 
 def noam_scheme(init_lr, global_step, warmup_steps=4000.):

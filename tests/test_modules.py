@@ -6,9 +6,10 @@ import pytest
 import tensorflow as tf
 
 from model_fixtures import one_hot_smoothed_cross_entropy
+from loss import output_loss, smoothed_cross_entropy
 from modules import (dense, dropout, fused_heads, get_token_embeddings, label_smoothing, ln, ln_reference, ln_variables,
-                     noam_cooldown_scheme, noam_scheme, output_loss, positional_encoding, scaled_dot_product_attention,
-                     smoothed_cross_entropy, split_heads, warmup_decay_scheme)
+                     noam_cooldown_scheme, noam_scheme, positional_encoding, scaled_dot_product_attention, split_heads,
+                     warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
