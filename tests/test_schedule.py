@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
+import budget
 import export
 import runtime
 import test as test_cli
@@ -31,20 +32,20 @@ def checkpoint_values(ckpt):
 
 
 def test_steps_in_time_without_evaluations_is_rate_times_time():
-    assert train.steps_in_time(step=800, rate=1.25, seconds_left=3000, eval_seconds=0, steps_between_evals=0) \
+    assert budget.steps_in_time(step=800, rate=1.25, seconds_left=3000, eval_seconds=0, steps_between_evals=0) \
         == 800 + 3750
 
 
 def test_steps_in_time_leaves_out_the_evaluations_that_fall_before_the_deadline():
     # An epoch of 250 steps takes 200 s at 1.25 steps/s, then a 50 s evaluation: 3000 s hold 12 such cycles, and
     # the 2400 s of training in them make 3000 steps.
-    assert train.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=250) == 800 + 3000
+    assert budget.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=250) == 800 + 3000
     # Evaluating every 4 epochs: 3000 s hold 3 cycles of 800 + 50 s, so 150 s go to evaluations.
-    assert train.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=1000) == 800 + 3562
+    assert budget.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=1000) == 800 + 3562
 
 
 def test_steps_in_time_past_the_deadline_is_the_current_step():
-    assert train.steps_in_time(500, 2.0, -30, 0, 0) == 500
+    assert budget.steps_in_time(500, 2.0, -30, 0, 0) == 500
 
 
 # ------------------------------------------------------------------------------------------------
