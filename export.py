@@ -39,7 +39,8 @@ from textio import check_writable_dir
 
 tf1 = tf.compat.v1
 
-DECODING_FLAGS = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
+#: The flags of export.py that, when given, override the values in LOGDIR/hparams.json.
+TRAINED_OVERRIDES = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
 
 
 def build_parser():
@@ -71,7 +72,7 @@ def parse_args(argv):
         raise UserError("--quantization %s applies to --format ctranslate2 only: the SavedModel holds the float32 "
                         "weights; add --format ctranslate2, or leave --quantization out" % args.quantization)
     args.quantization = args.quantization or "float32"
-    hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in DECODING_FLAGS
+    hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in TRAINED_OVERRIDES
                                             if getattr(args, flag) is not None})
     runtime.resolve_precision(hp)
     check_writable_dir(args.export_dir, "export_dir")

@@ -159,11 +159,6 @@ def parse_flags(parser, argv, intermixed=False):
     return args, given
 
 
-def explicit_flags(argv, only=None, prog=None):
-    """The flags of Hparams(only, prog) given on the command line argv (not their defaults), as a dict."""
-    return parse_flags(Hparams(only, prog).parser, argv)[1]
-
-
 #: What flags added after the first release meant before they existed: a logdir whose hparams.json lacks one was
 #: trained with this value (not the flag's current default).
 #: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, datadir.fingerprint) None: unknown, not

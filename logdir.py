@@ -85,10 +85,10 @@ def save_hparams(hp, path):
 
 def load_trained_hparams(logdir, overrides):
     """The hyperparameters of the model trained in logdir: LOGDIR/hparams.json with `overrides` (a dict of flags
-    the user gave, e.g. hparams.explicit_flags) on top, their ranges checked. Flags added to hparams.py since it was
-    written get the value they stood for then (hparams.LEGACY_VALUES) or their defaults; hp.trained_data_dir is the
-    data dir the model was trained on. An override of the model's shape (hparams.MODEL_FLAGS) with another value
-    is a UserError: the checkpoints hold that shape."""
+    the user gave, e.g. the second value of hparams.parse_flags) on top, their ranges checked. Flags added to
+    hparams.py since it was written get the value they stood for then (hparams.LEGACY_VALUES) or their defaults;
+    hp.trained_data_dir is the data dir the model was trained on. An override of the model's shape
+    (hparams.MODEL_FLAGS) with another value is a UserError: the checkpoints hold that shape."""
     fpath = os.path.join(logdir, HPARAMS_NAME)
     if not os.path.exists(fpath):
         raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, logdir))

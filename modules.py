@@ -256,7 +256,8 @@ def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality,
     (in the current variable scope), the residual connection and layer norm (Sections 3.2.2 and 3.1).
 
     queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N*h, T_q, d_model/h). K, V: (N*h, T_k,
-    d_model/h), split into heads. key_masks: (N, T_k) bool or None. Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
+    d_model/h), split into heads. key_masks: (N, T_k) bool or None.
+    Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
     """
     outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
     outputs = dense(outputs, queries.shape[-1], scope="o", dtype=dtype)

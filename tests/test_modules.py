@@ -163,8 +163,9 @@ def test_ln_written_out_gradient_matches_automatic_differentiation(shape):
             y = layer_norm(x)
         return [y] + tf.gradients(y, [x, gamma, beta], grad_ys=upstream)
 
-    for fast, reference in zip(run(lambda: outputs_and_gradients(ln)), run(lambda: outputs_and_gradients(ln_reference))):
-        np.testing.assert_allclose(fast, reference, rtol=1e-4, atol=1e-5)
+    fast, reference = run(lambda: outputs_and_gradients(ln)), run(lambda: outputs_and_gradients(ln_reference))
+    for got, want in zip(fast, reference):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_fused_heads_match_separate_projections_split_into_heads():
