@@ -23,8 +23,9 @@ import tensorflow as tf
 from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
 from loss import output_loss
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
-                     get_token_embeddings, key_biases, ln, noam_cooldown_scheme, noam_scheme, positional_encoding,
-                     scaled_dot_product_attention, self_attention, sublayer_input, sublayer_output, warmup_decay_scheme)
+                     get_token_embeddings, head_biases, key_biases, ln, noam_cooldown_scheme, noam_scheme,
+                     positional_encoding, scaled_dot_product_attention, self_attention, sublayer_input,
+                     sublayer_output, warmup_decay_scheme)
 from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (PAD_ID: for the modules that import it from here)
 
 tf1 = tf.compat.v1
@@ -61,11 +62,12 @@ class Transformer:
         hp = self.hp
         x = xs[0]
         src_masks = tf.equal(x, PAD_ID)
+        src_biases = head_biases(src_masks, hp.num_heads)  # (N*h, 1, T1), shared by every block
         with tf1.variable_scope("encoder", reuse=tf1.AUTO_REUSE):
             enc = self._embed(x, training)
             for i in range(hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    enc, _ = self_attention(enc, src_masks, hp.num_heads, hp.dropout_rate, training,
+                    enc, _ = self_attention(enc, src_biases, hp.num_heads, hp.dropout_rate, training,
                                             scope="multihead_attention", norm_type=hp.norm_type, dtype=self.dtype)
                     enc = ff(enc, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
                              norm_type=hp.norm_type, dtype=self.dtype)
@@ -79,13 +81,14 @@ class Transformer:
         The causal mask alone hides target padding: it only ever follows the real tokens.
         """
         hp = self.hp
+        src_biases = head_biases(src_masks, hp.num_heads)  # (N*h, 1, T1), shared by every block
         with tf1.variable_scope("decoder", reuse=tf1.AUTO_REUSE):
             dec = self._embed(decoder_input, training)
             for i in range(hp.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     dec, _ = self_attention(dec, None, hp.num_heads, hp.dropout_rate, training, causality=True,
                                             scope="self_attention", norm_type=hp.norm_type, dtype=self.dtype)
-                    dec, attention = cross_attention(dec, memory, src_masks, hp.num_heads, hp.dropout_rate, training,
+                    dec, attention = cross_attention(dec, memory, src_biases, hp.num_heads, hp.dropout_rate, training,
                                                      scope="vanilla_attention", norm_type=hp.norm_type,
                                                      dtype=self.dtype)
                     dec = ff(dec, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
@@ -243,7 +246,7 @@ class Transformer:
         hp = self.hp
         memory_kv = self._project_memory(memory)
         qkv_kernels = self._self_attention_kernels()
-        head_masks = key_biases(tf.repeat(src_masks, hp.num_heads, axis=0)[:, None, :])  # (B*h, 1, T1)
+        head_masks = head_biases(src_masks, hp.num_heads)  # (B*h, 1, T1)
         empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, 0, hp.d_model // hp.num_heads], self.dtype)
         cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, 0, d_model/h)
         output_kernel = self._output_kernel()

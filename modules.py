@@ -166,14 +166,19 @@ def mask_keys(inputs, key_masks):
     Returns (N*h, T_q, T_k).
     """
     if key_masks.shape.rank == 2:
-        heads = tf.shape(inputs)[0] // tf.shape(key_masks)[0]
-        key_masks = key_biases(tf.repeat(key_masks, heads, axis=0)[:, None, :])  # (N*h, 1, T_k)
+        key_masks = head_biases(key_masks, tf.shape(inputs)[0] // tf.shape(key_masks)[0])
     return inputs + tf.cast(key_masks, inputs.dtype)
 
 
 def key_biases(key_masks):
     """Bool masks (any shape), True at the keys not to attend to -> float32 biases for mask_keys."""
     return tf.where(key_masks, MASKED_LOGIT, 0.0)
+
+
+def head_biases(key_masks, num_heads):
+    """key_masks: (N, T_k) bool, True at padding -> (N*h, 1, T_k) float32 biases for mask_keys, one row per head:
+    made once per batch, they serve every layer that attends over those keys."""
+    return key_biases(tf.repeat(key_masks, num_heads, axis=0)[:, None, :])
 
 
 def mask_future(inputs):
