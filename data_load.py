@@ -1,8 +1,8 @@
 """tf.data input pipeline over the ids that prepro.py writes (idsfile.py), memory-mapped.
 
-A batch is a pair (xs, ys):
-    xs = (x, x_seqlen):               x (N, T1) int32 = source ids + </s>, padded with 0; x_seqlen (N,)
-    ys = (decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>
+A batch is a pair (xs, ys) of named tuples:
+    xs = Sources(x, x_seqlen):               x (N, T1) int32 = source ids + </s>, padded with 0; x_seqlen (N,)
+    ys = Targets(decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>
 No strings ride along: an empty source line is x_seqlen == 1, and references are read from the split's text files.
 
 An epoch is planned with numpy over the pairs' lengths only; each batch is gathered from the memory-mapped ids and
@@ -21,7 +21,7 @@ batch their sources in the same order (run_in_length_batches).
 import dataclasses
 import functools
 import math
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -224,6 +224,19 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     return batches
 
 
+class Sources(NamedTuple):
+    """The source side of a batch: numpy arrays or tensors."""
+    x: Any         # (N, T1) int32 source ids + </s>, padded with 0
+    x_seqlen: Any  # (N,) int32 lengths, </s> included
+
+
+class Targets(NamedTuple):
+    """The target side of a batch: numpy arrays or tensors."""
+    decoder_input: Any  # (N, T2) int32 <s> + target ids, padded with 0
+    y: Any              # (N, T2) int32 target ids + </s>, padded with 0
+    y_seqlen: Any       # (N,) int32 lengths, </s> included
+
+
 def pad(sequences, width=None):
     """List of int lists -> (N, width) int32 array padded with 0 (width None: the longest), and the lengths (N,)."""
     lengths = np.array([len(s) for s in sequences], np.int32)
@@ -257,7 +270,7 @@ def make_batch(pairs, index, width=None):
     x = gather(pairs.ids1, starts1, x_seqlen - 1, width1, last=EOS_ID)
     decoder_input = gather(pairs.ids2, starts2, y_seqlen - 1, width2, first=BOS_ID)
     y = gather(pairs.ids2, starts2, y_seqlen - 1, width2, last=EOS_ID)
-    return (x, x_seqlen), (decoder_input, y, y_seqlen)
+    return Sources(x, x_seqlen), Targets(decoder_input, y, y_seqlen)
 
 
 def epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth=0.05):
@@ -312,7 +325,7 @@ def input_fn(pairs, batch_size, shuffle=False, batch_type="sentences", seed=0, e
     generate, num_batches = generator_fn(pairs, batch_size, batch_type, seed if shuffle else None, growth)
     ids, lengths = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
     dataset = tf.data.Dataset.from_generator(generate, args=(epoch,),
-                                             output_signature=((ids, lengths), (ids, ids, lengths)))
+                                             output_signature=(Sources(ids, lengths), Targets(ids, ids, lengths)))
     # tf.data's autotuner stays off: with it, re-initializing the iterator (each epoch, each dev decode) can stall
     # for seconds (docs/performance.md), and a generator followed by a fixed prefetch has nothing to tune.
     options = tf.data.Options()

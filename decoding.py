@@ -5,7 +5,7 @@
     ids, scores = translate(model, xs, settings)           # the best: (N, T), (N,)
     ids, scores = nbest(model, xs, settings, n)            # the n best: (N, n, T), (N, n)
 
-model is a model.Transformer; xs = (x (N, T1), x_seqlen (N,)) as in model.py. The searches run a step function,
+model is a model.Transformer; xs = data_load.Sources(x (N, T1), x_seqlen (N,)). The searches run a step function,
 step_fn(tokens (B,), step, state[, parents]) -> logits (B, V), new state, that the model builds
 (Transformer.cached_decoder: its decoder stack one position at a time). This module knows logits, tokens and the
 cache's layout (B, h, L, d), not the model's layers: grow_cache and write_in_place keep the cache about as long
@@ -259,7 +259,7 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
 def translate(model, xs, settings, cached=True):
     """The best translation of each sentence of a batch.
 
-    model: model.Transformer. xs: (x (N, T1), x_seqlen (N,)). settings: DecodingSettings (beam_size 1: greedy).
+    model: model.Transformer. xs: data_load.Sources, x (N, T1). settings: DecodingSettings (beam_size 1: greedy).
     cached False re-runs the whole decoder per step (greedy only: the reference the tests hold the cache to).
     Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
     """
@@ -307,5 +307,4 @@ def nbest(model, xs, settings, n):
 def _encode(model, xs, settings):
     """The encoder output (N, T1, d_model), its padding masks (N, T1) and each sentence's step limit (N,)."""
     memory, src_masks = model.encode(xs, training=False)
-    _, x_seqlen = xs
-    return memory, src_masks, max_decoding_steps(x_seqlen, settings.max_len_a, settings.max_len_b)
+    return memory, src_masks, max_decoding_steps(xs.x_seqlen, settings.max_len_a, settings.max_len_b)

@@ -40,6 +40,7 @@ from collections import namedtuple
 
 import tensorflow as tf
 
+from data_load import Sources, Targets
 from model import PAD_ID, Transformer, attention_image, make_optimizer
 from errors import UserError
 
@@ -158,15 +159,14 @@ def replica_rows(num_rows, replica_id, num_replicas):
 def replica_batch(xs, ys, replica_id, num_replicas):
     """This replica's share of a global batch, trimmed to its longest source and target.
 
-    xs: (x (N, T1), x_seqlen (N,)); ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,)).
-    Returns xs, ys in the same layout with n = end - start rows (see replica_rows), (n, t1) and (n, t2).
+    xs: data_load.Sources, x (N, T1); ys: data_load.Targets, y (N, T2).
+    Returns xs, ys of the same types with n = end - start rows (see replica_rows), (n, t1) and (n, t2).
     """
-    x, x_seqlen = xs
-    decoder_input, y, y_seqlen = ys
-    start, end = replica_rows(tf.shape(x)[0], replica_id, num_replicas)
-    x_seqlen, y_seqlen = x_seqlen[start:end], y_seqlen[start:end]
+    start, end = replica_rows(tf.shape(xs.x)[0], replica_id, num_replicas)
+    x_seqlen, y_seqlen = xs.x_seqlen[start:end], ys.y_seqlen[start:end]
     t1, t2 = tf.maximum(tf.reduce_max(x_seqlen), 1), tf.maximum(tf.reduce_max(y_seqlen), 1)  # max of () is -2^31
-    return (x[start:end, :t1], x_seqlen), (decoder_input[start:end, :t2], y[start:end, :t2], y_seqlen)
+    return (Sources(xs.x[start:end, :t1], x_seqlen),
+            Targets(ys.decoder_input[start:end, :t2], ys.y[start:end, :t2], y_seqlen))
 
 
 def replica_step(hp, xs, ys, optimizer, global_step):
@@ -178,7 +178,7 @@ def replica_step(hp, xs, ys, optimizer, global_step):
     replica's gradients (dense); and its last-block cross-attention (n, h, t2, t1).
     """
     context = tf.distribute.get_replica_context()
-    global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys[1], PAD_ID), tf.float32))
+    global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys.y, PAD_ID), tf.float32))
     if context.num_replicas_in_sync > 1:
         xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
     loss_sum, _, attention = Transformer(hp).loss(xs, ys)

@@ -28,7 +28,7 @@ import tempfile
 import tensorflow as tf
 
 import ctranslate2_engine
-from data_load import PAD_ID
+from data_load import PAD_ID, Sources
 from datadir import bpe_model_path
 from decoding import DecodingSettings, translate
 from errors import OneLineParser, UserError, run_cli
@@ -89,7 +89,7 @@ def build_translator(hp):
     """
     src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
     x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)  # (N,), counts </s>
-    xs = (src_ids, x_seqlen)
+    xs = Sources(src_ids, x_seqlen)
     ids, scores = translate(Transformer(hp), xs, DecodingSettings.from_flags(hp))
     return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"), "scores": tf.identity(scores, name="scores")}
 

@@ -8,8 +8,9 @@ Decoding itself (greedy and beam search, the step limits, the cache's memory) is
 cached_decoder: the decoder stack run one position at a time over a cache of the earlier positions' keys and
 values, built here beside _decoder_stack since both spell the same layers and variable names.
 
-xs = (x, x_seqlen): x (N, T1) int32 source ids ending in </s>, padded with 0; x_seqlen (N,) counts </s>.
-ys = (decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>.
+xs = data_load.Sources(x, x_seqlen): x (N, T1) int32 source ids ending in </s>, padded with 0; x_seqlen (N,)
+counts </s>. ys = data_load.Targets(decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids,
+y (N, T2) = target ids + </s>.
 
 Variable names (stable across versions, so checkpoints restore; see docs/checkpoint-format.md):
   shared_weight_matrix/weight_mat                                  (V, d_model) embeddings = output projection
@@ -55,12 +56,12 @@ class Transformer:
         return ln(outputs, scope="final_ln") if self.hp.norm_type == "pre" else outputs
 
     def encode(self, xs, training=True):
-        """xs: (x (N, T1), x_seqlen (N,)).
+        """xs: data_load.Sources, x (N, T1).
 
         Returns memory (N, T1, d_model) and src_masks (N, T1) bool, True at padding.
         """
         hp = self.hp
-        x = xs[0]
+        x = xs.x
         src_masks = tf.equal(x, PAD_ID)
         src_biases = head_biases(src_masks, hp.num_heads)  # (N*h, 1, T1), shared by every block
         with tf1.variable_scope("encoder", reuse=tf1.AUTO_REUSE):
@@ -114,7 +115,7 @@ class Transformer:
             return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
-        """ys: (decoder_input (N, T2), y (N, T2), y_seqlen (N,)). memory: (N, T1, d_model).
+        """ys: data_load.Targets, decoder_input and y (N, T2). memory: (N, T1, d_model).
 
         Returns logits (N, T2, V), greedy ids y_hat (N, T2), y, and the last block's
         cross-attention (N, h, T2, T1).
@@ -298,7 +299,7 @@ class Transformer:
         return self._teacher_forced(xs, ids)[1]
 
     def eval(self, xs, settings):
-        """Translations of a batch, xs: (x (N, T1), x_seqlen (N,)), decoded as settings (a decoding.DecodingSettings)
+        """Translations of a batch, xs: data_load.Sources, x (N, T1), decoded as settings (a decoding.DecodingSettings)
         say: ids (N, T), their scores (N,) (train.py refuses to save a model whose scores are not finite), and an
         attention image summary. The references are scored as text, outside the graph."""
         ids, scores = translate(self, xs, settings)

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 import distributed
 from budget import Budget
-from data_load import eval_order, get_batch
+from data_load import Sources, eval_order, get_batch
 from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
 from decoding import DecodingSettings
 from errors import DiskFull, UserError, is_disk_full, run_cli
@@ -84,12 +84,12 @@ class TrainGraph:
     """What build_graph builds for the training loop."""
     step: distributed.TrainStep  # loss, train_op, global_step, summaries and the workers' votes
     # data: one iterator, initialized by train_init (for epoch `epoch`, its first `skip` batches skipped) or
-    # eval_init; xs is its source side (x, x_seqlen)
+    # eval_init; xs is its source side
     epoch: tf.Tensor
     skip: tf.Tensor
     train_init: tf.Operation
     eval_init: tf.Operation
-    xs: tuple
+    xs: Sources
     target_tokens: tf.Tensor  # non-pad target tokens of the batch
     train_num_batches: collections.abc.Callable  # epoch -> batches in it
     eval_num_batches: int
@@ -139,7 +139,7 @@ def build_graph(hp, manifest, cluster):
                                     if v.dtype.base_dtype.is_floating])
     return TrainGraph(
         step=step, epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
-        eval_init=iterator.make_initializer(eval_batches), xs=xs, target_tokens=tf.reduce_sum(ys[2]),
+        eval_init=iterator.make_initializer(eval_batches), xs=xs, target_tokens=tf.reduce_sum(ys.y_seqlen),
         train_num_batches=train_num_batches, eval_num_batches=eval_num_batches(),
         eval_order=eval_order(hp.data_dir, manifest, "eval"), num_train=num_train,
         num_over=num_over, num_eval=num_eval, eval_ids=eval_ids, eval_scores=eval_scores,
@@ -182,7 +182,7 @@ def check_splits(g, hp):
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
     when a translation's score is not finite (as train_epoch does for non-finite weights)."""
-    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs[1], g.eval_num_batches, g.eval_order, sp,
+    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs.x_seqlen, g.eval_num_batches, g.eval_order, sp,
                                 desc="dev", scores_op=g.eval_scores)
     atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)

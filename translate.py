@@ -38,7 +38,7 @@ import tensorflow as tf
 
 import ctranslate2_engine
 import decoding
-from data_load import pad, run_in_length_batches
+from data_load import Sources, pad, run_in_length_batches
 from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
@@ -210,7 +210,7 @@ class Translator:
         self.batch_size = hp.test_batch_size
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
-        xs = (self.x, self.x_seqlen)
+        xs = Sources(self.x, self.x_seqlen)
         model = Transformer(hp)
         # (N, nbest, T), (N, nbest): best first
         self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp), nbest)

@@ -43,7 +43,7 @@ import tensorflow as tf  # noqa: E402
 
 import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
-from data_load import EOS_ID, load_side, pad  # noqa: E402
+from data_load import EOS_ID, Sources, load_side, pad  # noqa: E402
 from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
@@ -193,7 +193,7 @@ def main(argv=None):
     matmul = matmul_gflops(config)
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
     x, x_seqlen = tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])
-    xs = (x, x_seqlen)
+    xs = Sources(x, x_seqlen)
     greedy = dataclasses.replace(DecodingSettings.from_flags(hp), beam_size=1)
 
     start = time.perf_counter()

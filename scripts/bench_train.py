@@ -105,7 +105,7 @@ def main(argv=None):
                                  batch_type=hp.batch_type, seed=hp.seed, growth=hp.bucket_growth)
     xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
     train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op
-    shapes = [tf.shape(xs[0]), tf.shape(ys[1]), tf.reduce_sum(xs[1]), tf.reduce_sum(ys[2])]
+    shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]
     graph_build_s = time.time() - start
     with tf1.Session(config=config) as sess:
         sess.run(tf1.global_variables_initializer())

@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import distributed
+from data_load import Sources, Targets
 from model import BOS_ID, EOS_ID, Transformer
 from modules import label_smoothing
 
@@ -44,8 +45,8 @@ class Placeholders:
         self.x_seqlen = tf1.placeholder(tf.int32, [None])
         self.decoder_input = tf1.placeholder(tf.int32, [None, None])
         self.y = tf1.placeholder(tf.int32, [None, None])
-        self.xs = (self.x, self.x_seqlen)
-        self.ys = (self.decoder_input, self.y, tf.reduce_sum(tf.sign(self.y), 1))
+        self.xs = Sources(self.x, self.x_seqlen)
+        self.ys = Targets(self.decoder_input, self.y, tf.reduce_sum(tf.sign(self.y), 1))
 
     def feed(self, x, y=None):
         feed = {self.x: x, self.x_seqlen: (x != 0).sum(1)}

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import distributed
+from data_load import Sources, Targets
 from model_fixtures import Placeholders, random_ids, small_hp
 from errors import UserError
 
@@ -230,15 +231,15 @@ def test_replica_rows_deal_contiguous_blocks(num_rows, expected):
 def test_a_replica_without_rows_gets_an_empty_batch():
     x = np.array([[5, 6, 3, 0], [7, 3, 0, 0]], np.int32)
     with tf.Graph().as_default():
-        xs = (tf.constant(x), tf.constant([3, 2]))
-        ys = (tf.constant(x), tf.constant(x), tf.constant([3, 2]))
+        xs = Sources(tf.constant(x), tf.constant([3, 2]))
+        ys = Targets(tf.constant(x), tf.constant(x), tf.constant([3, 2]))
         shares = [distributed.replica_batch(xs, ys, r, 3) for r in range(3)]
         with tf1.Session() as sess:
             (first, _), (second, _), (third, third_ys) = sess.run(shares)
-    assert first[0].shape == (0, 1)
-    np.testing.assert_array_equal(second[0], x[:1, :3])  # trimmed to its own longest sentence
-    np.testing.assert_array_equal(third[0], x[1:, :2])
-    np.testing.assert_array_equal(third_ys[1], x[1:, :2])
+    assert first.x.shape == (0, 1)
+    np.testing.assert_array_equal(second.x, x[:1, :3])  # trimmed to its own longest sentence
+    np.testing.assert_array_equal(third.x, x[1:, :2])
+    np.testing.assert_array_equal(third_ys.y, x[1:, :2])
 
 
 @pytest.mark.parametrize("tf_config, message", [

@@ -569,8 +569,9 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
     hp = load_trained_hparams(str(logdir), {})
     with tf.Graph().as_default():
         import decoding
+        from data_load import Sources
         from model import Transformer
-        xs = (tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
+        xs = Sources(tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
         decoding.translate(Transformer(hp), xs, decoding.DecodingSettings())
         with tf1.Session() as sess:
             assert restore(sess, ckpt, str(logdir)) == ckpt
