@@ -145,10 +145,11 @@ class Translator:
     as in our decoder.
     """
 
-    def __init__(self, model_dir, hp, nbest=1, compute_type="default", threads=0):
+    def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
+        """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's batching)."""
         import ctranslate2
         import sentencepiece as spm
-        self.hp, self.nbest, self.batch_size = hp, nbest, hp.test_batch_size
+        self.settings, self.nbest, self.batch_size = settings, nbest, batch_size
         self.sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, BPE_MODEL))
         self.eos_id = self.sp.piece_to_id("</s>")
         self.engine = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
@@ -156,15 +157,17 @@ class Translator:
 
     def max_steps(self, sources):
         """The decoding limit of a batch: the longest of ceil(a * source length + b) (decoding.max_decoding_steps)."""
-        return max(int(np.ceil(self.hp.max_len_a * (len(ids) - 1) + self.hp.max_len_b)) for ids in sources)
+        settings = self.settings
+        return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids in sources)
 
     def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False):
         """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps at most (the
-        last one may only give </s>; default self.max_steps), min_steps at least; beam_size default hp's."""
+        last one may only give </s>; default self.max_steps), min_steps at least; beam_size default the settings'."""
         max_steps = max_steps or self.max_steps(sources)
         return self.engine.translate_batch(
             [[self.sp.id_to_piece(int(i)) for i in ids] for ids in sources],
-            beam_size=beam_size or self.hp.beam_size, num_hypotheses=self.nbest, length_penalty=self.hp.alpha,
+            beam_size=beam_size or self.settings.beam_size, num_hypotheses=self.nbest,
+            length_penalty=self.settings.alpha,
             max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps - 1,
             suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True, return_end_token=return_end_token)
 

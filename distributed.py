@@ -1,7 +1,7 @@
 """Data-parallel training with tf.distribute in TF1 graph mode (sessions), for train.py --distribute.
 
     cluster = make_cluster(hp, session_config(hp))   # before any graph is built
-    step = build_train(cluster, hp, xs, ys)          # TrainStep: loss, train_op, global_step, summaries, votes
+    step = build_train(cluster, hp, xs, ys)          # TrainStep: loss, train_op, global_step, schedule end, ...
     with tf1.Session(cluster.target, config=cluster.config) as sess:
         agree_on_checkpoint(sess, step, latest_checkpoint_or_None)       # then restore it or initialize
         while not any(agree_to_stop(sess, step, signal, out_of_time)):  # before every step
@@ -41,7 +41,7 @@ from collections import namedtuple
 import tensorflow as tf
 
 from data_load import Sources, Targets
-from model import PAD_ID, Transformer, attention_image, make_optimizer
+from model import PAD_ID, ModelConfig, Transformer, attention_image, make_optimizer
 from errors import UserError
 
 tf1 = tf.compat.v1
@@ -62,7 +62,7 @@ Vote = namedtuple("Vote", "mine mean")
 #: What build_train builds. loss: per target token of the global batch; train_op: one Adam update (and global_step
 #: + 1); summaries: loss, lr, grad_norm, attention image; stop, checkpoint, total: the Votes that agree_to_stop,
 #: agree_on_checkpoint and agree_on_total run.
-TrainStep = namedtuple("TrainStep", "loss train_op global_step summaries stop checkpoint total")
+TrainStep = namedtuple("TrainStep", "loss train_op global_step schedule_total summaries stop checkpoint total")
 
 
 # ---------------------------------------------------------------- strategies
@@ -169,7 +169,7 @@ def replica_batch(xs, ys, replica_id, num_replicas):
             Targets(ys.decoder_input[start:end, :t2], ys.y[start:end, :t2], y_seqlen))
 
 
-def replica_step(hp, xs, ys, optimizer, global_step):
+def replica_step(config, xs, ys, optimizer, global_step):
     """One replica's part of a training step (runs in replica context, once per replica; with --distribute none
     the one replica takes the whole batch).
 
@@ -181,7 +181,7 @@ def replica_step(hp, xs, ys, optimizer, global_step):
     global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys.y, PAD_ID), tf.float32))
     if context.num_replicas_in_sync > 1:
         xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
-    loss_sum, _, attention = Transformer(hp).loss(xs, ys)
+    loss_sum, _, attention = Transformer(config).loss(xs, ys)
     loss = loss_sum / (global_tokens + 1e-7)
     grads_and_vars = optimizer.compute_gradients(loss)
     grads = [tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]  # the embedding's IndexedSlices made dense
@@ -200,13 +200,14 @@ def cluster_mean(cluster, values):
 def build_train(cluster, hp, xs, ys):
     """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
 
-    Returns a TrainStep. Build it before any other part of the model (an evaluation Transformer(hp) built
+    Returns a TrainStep. Build it before any other part of the model (an evaluation Transformer built
     afterwards reuses its variables). With --distribute none the step runs under TensorFlow's default strategy:
     one replica, plain variables, no all-reduce.
     """
-    loss, train_op, global_step, summaries = train_step(cluster.strategy or tf.distribute.get_strategy(), hp, xs, ys)
+    strategy = cluster.strategy or tf.distribute.get_strategy()
+    loss, train_op, global_step, schedule_total, summaries = train_step(strategy, hp, xs, ys)
     votes = [tf1.placeholder(tf.float64, [2]) for _ in range(3)]
-    return TrainStep(loss, train_op, global_step, summaries,
+    return TrainStep(loss, train_op, global_step, schedule_total, summaries,
                      *(Vote(vote, cluster_mean(cluster, vote)) for vote in votes))
 
 
@@ -214,15 +215,16 @@ def train_step(strategy, hp, xs, ys):
     """The one training step of every --distribute mode: Adam (model.make_optimizer) on the label-smoothed loss,
     the global batch xs, ys split over the strategy's replicas (one replica: the default strategy).
 
-    Returns loss (per target token of the global batch), train_op, global_step and the summaries written every
+    Returns loss (per target token of the global batch), train_op, global_step, the variable that holds the
+    learning-rate schedule's end step (model.schedule_total_steps), and the summaries written every
     --summary_every steps: loss, lr, grad_norm (of the gradient summed over the replicas: another all-reduce, which
     runs only when the summaries are fetched) and the first replica's attention image.
     """
     with strategy.scope():
         global_step = tf1.train.get_or_create_global_step()
-        optimizer, lr = make_optimizer(hp, global_step)
+        optimizer, lr, schedule_total = make_optimizer(hp, global_step)
         replica_losses, train_op, replica_grads, attention = strategy.extended.call_for_each_replica(
-            replica_step, args=(hp, xs, ys, optimizer, global_step))
+            replica_step, args=(ModelConfig.from_flags(hp), xs, ys, optimizer, global_step))
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_losses, axis=None)
         train_op = tf.group(strategy.experimental_local_results(train_op))
         grad_norm = tf.linalg.global_norm([strategy.reduce(tf.distribute.ReduceOp.SUM, grad, axis=None)
@@ -233,7 +235,7 @@ def train_step(strategy, hp, xs, ys):
         tf1.summary.scalar("grad_norm", grad_norm),
         tf1.summary.image("attention", attention_image(strategy.experimental_local_results(attention)[0])),
     ])
-    return loss, train_op, global_step, summaries
+    return loss, train_op, global_step, schedule_total, summaries
 
 
 # ---------------------------------------------------------------- agreeing on when to stop and where to start

@@ -1,6 +1,6 @@
 """The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
 
-    model = Transformer(hp)                       # hp: namespace with vocab_size, d_model, d_ff, num_blocks, ...
+    model = Transformer(ModelConfig.from_flags(hp))          # the model's shape, fixed once from the flags
     loss_sum, token_count, attention = model.loss(xs, ys)   # training: distributed.build_train builds the step
     ids, scores, summaries = model.eval(xs, settings)       # dev translations (decoding.translate), a summary
 
@@ -19,6 +19,8 @@ Variable names (stable across versions, so checkpoints restore; see docs/checkpo
   decoder/num_blocks_{i}/{self_attention,vanilla_attention,positionwise_feedforward}/...
   {encoder,decoder}/final_ln/{gamma,beta}                          (norm_type pre only)
 """
+import dataclasses
+
 import tensorflow as tf
 
 from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
@@ -35,43 +37,63 @@ tf1 = tf.compat.v1
 COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What the model computes: its shape, its regularisation and its precision; made once from the flags and
+    never changed (decoding settings are decoding.DecodingSettings, training settings stay with train.py)."""
+    vocab_size: int        # V: one joint BPE vocabulary
+    d_model: int = 256     # width of every layer (Section 3)
+    d_ff: int = 512        # inner width of the feed-forward sublayers (Section 3.3)
+    num_blocks: int = 3    # blocks of the encoder, and of the decoder
+    num_heads: int = 8     # h (Section 3.2.2); d_model is a multiple of it
+    dropout_rate: float = 0.1  # P_drop (Section 5.4)
+    norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
+    smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
+    precision: str = "fp32"    # "fp32", "bf16" or "fp16": the dtype of the matrix products (COMPUTE_DTYPES)
+
+    @classmethod
+    def from_flags(cls, hp):
+        """The config of resolved flags hp (hparams.py; precision already resolved, not "auto")."""
+        return cls(**{field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)})
+
+
 class Transformer:
     """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
 
-    def __init__(self, hp):
-        self.hp = hp
+    def __init__(self, config):
+        self.config = config  # a ModelConfig
         #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
-        self.dtype = COMPUTE_DTYPES[hp.precision]
-        self.embeddings = get_token_embeddings(hp.vocab_size, hp.d_model, zero_pad=True)  # (V, d_model)
+        self.dtype = COMPUTE_DTYPES[config.precision]
+        self.embeddings = get_token_embeddings(config.vocab_size, config.d_model, zero_pad=True)  # (V, d_model)
 
     # ---------------------------------------------------------------- encoder and decoder stacks
     def _embed(self, ids, training, start=0):
         """ids: (N, T) int32. Returns embeddings * sqrt(d_model) + positional encoding, (N, T, d_model)."""
-        outputs = tf.nn.embedding_lookup(self.embeddings, ids) * self.hp.d_model ** 0.5
+        outputs = tf.nn.embedding_lookup(self.embeddings, ids) * self.config.d_model ** 0.5
         outputs += positional_encoding(outputs, start)
-        return dropout(outputs, self.hp.dropout_rate, training)
+        return dropout(outputs, self.config.dropout_rate, training)
 
     def _final_ln(self, outputs):
         """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones are normalized already."""
-        return ln(outputs, scope="final_ln") if self.hp.norm_type == "pre" else outputs
+        return ln(outputs, scope="final_ln") if self.config.norm_type == "pre" else outputs
 
     def encode(self, xs, training=True):
         """xs: data_load.Sources, x (N, T1).
 
         Returns memory (N, T1, d_model) and src_masks (N, T1) bool, True at padding.
         """
-        hp = self.hp
+        cfg = self.config
         x = xs.x
         src_masks = tf.equal(x, PAD_ID)
-        src_biases = head_biases(src_masks, hp.num_heads)  # (N*h, 1, T1), shared by every block
+        src_biases = head_biases(src_masks, cfg.num_heads)  # (N*h, 1, T1), shared by every block
         with tf1.variable_scope("encoder", reuse=tf1.AUTO_REUSE):
             enc = self._embed(x, training)
-            for i in range(hp.num_blocks):
+            for i in range(cfg.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    enc, _ = self_attention(enc, src_biases, hp.num_heads, hp.dropout_rate, training,
-                                            scope="multihead_attention", norm_type=hp.norm_type, dtype=self.dtype)
-                    enc = ff(enc, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
-                             norm_type=hp.norm_type, dtype=self.dtype)
+                    enc, _ = self_attention(enc, src_biases, cfg.num_heads, cfg.dropout_rate, training,
+                                            scope="multihead_attention", norm_type=cfg.norm_type, dtype=self.dtype)
+                    enc = ff(enc, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
+                             norm_type=cfg.norm_type, dtype=self.dtype)
             memory = self._final_ln(enc)
         return memory, src_masks
 
@@ -81,19 +103,19 @@ class Transformer:
         Returns decoder outputs (N, T2, d_model) and the last block's cross-attention (N, h, T2, T1).
         The causal mask alone hides target padding: it only ever follows the real tokens.
         """
-        hp = self.hp
-        src_biases = head_biases(src_masks, hp.num_heads)  # (N*h, 1, T1), shared by every block
+        cfg = self.config
+        src_biases = head_biases(src_masks, cfg.num_heads)  # (N*h, 1, T1), shared by every block
         with tf1.variable_scope("decoder", reuse=tf1.AUTO_REUSE):
             dec = self._embed(decoder_input, training)
-            for i in range(hp.num_blocks):
+            for i in range(cfg.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    dec, _ = self_attention(dec, None, hp.num_heads, hp.dropout_rate, training, causality=True,
-                                            scope="self_attention", norm_type=hp.norm_type, dtype=self.dtype)
-                    dec, attention = cross_attention(dec, memory, src_biases, hp.num_heads, hp.dropout_rate, training,
-                                                     scope="vanilla_attention", norm_type=hp.norm_type,
+                    dec, _ = self_attention(dec, None, cfg.num_heads, cfg.dropout_rate, training, causality=True,
+                                            scope="self_attention", norm_type=cfg.norm_type, dtype=self.dtype)
+                    dec, attention = cross_attention(dec, memory, src_biases, cfg.num_heads, cfg.dropout_rate, training,
+                                                     scope="vanilla_attention", norm_type=cfg.norm_type,
                                                      dtype=self.dtype)
-                    dec = ff(dec, [hp.d_ff, hp.d_model], dropout_rate=hp.dropout_rate, training=training,
-                             norm_type=hp.norm_type, dtype=self.dtype)
+                    dec = ff(dec, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
+                             norm_type=cfg.norm_type, dtype=self.dtype)
             return self._final_ln(dec), attention
 
     def _output_kernel(self):
@@ -108,11 +130,11 @@ class Transformer:
         themselves)."""
         with tf.name_scope("output_projection"):
             kernel = self._output_kernel() if kernel is None else kernel
-            rows = dec if dec.shape.rank == 2 else tf.reshape(dec, [-1, self.hp.d_model])  # (N*T, d_model)
+            rows = dec if dec.shape.rank == 2 else tf.reshape(dec, [-1, self.config.d_model])  # (N*T, d_model)
             logits = tf.matmul(tf.cast(rows, self.dtype), kernel)  # (N*T, V)
             if dec.shape.rank == 2:
                 return logits
-            return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.hp.vocab_size]], 0))
+            return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.config.vocab_size]], 0))
 
     def decode(self, ys, memory, src_masks, training=True):
         """ys: data_load.Targets, decoder_input and y (N, T2). memory: (N, T1, d_model).
@@ -136,7 +158,7 @@ class Transformer:
         dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)  # (N, T2, d_model)
         nonpadding = tf.not_equal(y, PAD_ID)  # (N, T2)
         loss_sum = output_loss(tf.boolean_mask(dec, nonpadding), self.embeddings,  # (M, d_model): M non-pad tokens
-                               tf.boolean_mask(y, nonpadding), self.hp.smoothing, self.dtype)
+                               tf.boolean_mask(y, nonpadding), self.config.smoothing, self.dtype)
         return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
 
     # ---------------------------------------------------------------- one position at a time, for decoding.py
@@ -147,9 +169,9 @@ class Transformer:
         """
         projections = []
         with tf1.variable_scope("decoder", reuse=True):
-            for i in range(self.hp.num_blocks):
+            for i in range(self.config.num_blocks):
                 with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
-                    projections.append(fused_heads(memory, self.hp.d_model, ("k", "v"), self.hp.num_heads,
+                    projections.append(fused_heads(memory, self.config.d_model, ("k", "v"), self.config.num_heads,
                                                    self.dtype))  # K, V: each (B*h, T1, d_model/h)
         return projections
 
@@ -158,9 +180,9 @@ class Transformer:
         the compute dtype: concatenated and cast once per batch, outside the decoding loop."""
         kernels = []
         with tf1.variable_scope("decoder", reuse=True):
-            for i in range(self.hp.num_blocks):
+            for i in range(self.config.num_blocks):
                 with tf1.variable_scope("num_blocks_{}/self_attention".format(i)):
-                    kernel, bias = fused_dense_variables(self.hp.d_model, self.hp.d_model, ("q", "k", "v"))
+                    kernel, bias = fused_dense_variables(self.config.d_model, self.config.d_model, ("q", "k", "v"))
                     kernels.append((tf.cast(kernel, self.dtype), tf.cast(bias, self.dtype)))
         return kernels
 
@@ -171,12 +193,12 @@ class Transformer:
         key_masks: (B*h, 1, T_k) or (1, 1, T_k) float32 biases of modules.key_biases.
         Returns (B, d_model).
         """
-        hp = self.hp
-        d_head = hp.d_model // hp.num_heads
+        cfg = self.config
+        d_head = cfg.d_model // cfg.num_heads
         Q = tf.reshape(Q, [-1, 1, d_head])  # (B*h, 1, d_model/h): one position, so no transpose is needed
         outputs, _ = scaled_dot_product_attention(Q, K, V, key_masks, training=False)  # (B*h, 1, d_model/h)
-        outputs = dense(tf.reshape(outputs, [-1, hp.d_model]), hp.d_model, scope="o", dtype=self.dtype)
-        return sublayer_output(queries, outputs, hp.norm_type, 0.0, False)
+        outputs = dense(tf.reshape(outputs, [-1, cfg.d_model]), cfg.d_model, scope="o", dtype=self.dtype)
+        return sublayer_output(queries, outputs, cfg.norm_type, 0.0, False)
 
     def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, rows, future):
         """Self-attention of position `step` over the cache, which it first extends by its own key and value.
@@ -187,9 +209,9 @@ class Transformer:
         future: (1, 1, L) float32 biases of modules.key_biases, masking the positions after `step`.
         Returns (B, d_model) and the new cache K, V.
         """
-        hp = self.hp
-        d_head = hp.d_model // hp.num_heads
-        x = sublayer_input(dec, hp.norm_type)
+        cfg = self.config
+        d_head = cfg.d_model // cfg.num_heads
+        x = sublayer_input(dec, cfg.norm_type)
         Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, d_model)
         if parents is not None:
             with tf.name_scope("beam_reorder"):  # the copy the write below then updates in place
@@ -216,15 +238,15 @@ class Transformer:
         output_kernel: _output_kernel().
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L', d_model/h).
         """
-        hp = self.hp
+        cfg = self.config
         cache = grow_cache(cache, step)
         cache_len = tf.shape(cache[0][0])[2]
-        rows = tf.range(tf.shape(tokens)[0] * hp.num_heads) * cache_len + step  # (B*h,)
+        rows = tf.range(tf.shape(tokens)[0] * cfg.num_heads) * cache_len + step  # (B*h,)
         future = key_biases(tf.range(cache_len)[None, None, :] > step)  # (1, 1, L): keys not written yet
         new_cache = []
         with tf1.variable_scope("decoder", reuse=True):
             # one position per row: (B, d_model) from here on, so the products need no reshapes
-            dec = tf.reshape(self._embed(tokens[:, None], training=False, start=step), [-1, hp.d_model])
+            dec = tf.reshape(self._embed(tokens[:, None], training=False, start=step), [-1, cfg.d_model])
             for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     with tf1.variable_scope("self_attention", reuse=True):
@@ -232,9 +254,9 @@ class Transformer:
                                                                 future)
                     new_cache.append((K, V))
                     with tf1.variable_scope("vanilla_attention", reuse=True):
-                        Q = dense(sublayer_input(dec, hp.norm_type), hp.d_model, scope="q", dtype=self.dtype)
+                        Q = dense(sublayer_input(dec, cfg.norm_type), cfg.d_model, scope="q", dtype=self.dtype)
                         dec = self._one_query_attention(dec, Q, mem_K, mem_V, src_masks)
-                    dec = ff(dec, [hp.d_ff, hp.d_model], training=False, norm_type=hp.norm_type, dtype=self.dtype)
+                    dec = ff(dec, [cfg.d_ff, cfg.d_model], training=False, norm_type=cfg.norm_type, dtype=self.dtype)
             dec = self._final_ln(dec)
         return self._logits(dec, output_kernel), new_cache
 
@@ -244,12 +266,12 @@ class Transformer:
         memory: (B, T1, d_model). src_masks: (B, T1). Returns step_fn(tokens (B,), step, state, parents=None) ->
         logits (B, V), new state (see _cached_step), and the empty cache.
         """
-        hp = self.hp
+        cfg = self.config
         memory_kv = self._project_memory(memory)
         qkv_kernels = self._self_attention_kernels()
-        head_masks = head_biases(src_masks, hp.num_heads)  # (B*h, 1, T1)
-        empty = tf.zeros([tf.shape(memory)[0], hp.num_heads, 0, hp.d_model // hp.num_heads], self.dtype)
-        cache = [(empty, empty) for _ in range(hp.num_blocks)]  # each (B, h, 0, d_model/h)
+        head_masks = head_biases(src_masks, cfg.num_heads)  # (B*h, 1, T1)
+        empty = tf.zeros([tf.shape(memory)[0], cfg.num_heads, 0, cfg.d_model // cfg.num_heads], self.dtype)
+        cache = [(empty, empty) for _ in range(cfg.num_blocks)]  # each (B, h, 0, d_model/h)
         output_kernel = self._output_kernel()
 
         def step_fn(tokens, step, state, parents=None):
@@ -309,7 +331,7 @@ class Transformer:
 
 def make_optimizer(hp, global_step):
     """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the learning-rate schedule of hp.lr_schedule.
-    Returns optimizer, lr.
+    Returns optimizer, lr, and the variable that holds the schedule's end step (schedule_total_steps).
 
     Under --precision fp16 it is wrapped in dynamic loss scaling (Micikevicius et al., 2018): the loss is multiplied
     by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
@@ -325,7 +347,7 @@ def make_optimizer(hp, global_step):
     optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
     if hp.precision == "fp16":
         optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
-    return optimizer, lr
+    return optimizer, lr, total_steps
 
 
 #: Name of the variable that holds the step at which a decaying learning-rate schedule ends (0: not fixed yet).
@@ -334,8 +356,8 @@ SCHEDULE_TOTAL_STEPS = "lr_schedule_total_steps"
 
 def schedule_total_steps():
     """The int64 variable SCHEDULE_TOTAL_STEPS, saved with the checkpoints so that a resumed run continues the same
-    schedule; train.py assigns it once the training budget is known in steps (it stays 0 under Noam, which has no
-    end). Checkpoints written before it existed restore with it at 0 (logdir.OPTIONAL_VARIABLES)."""
+    schedule; train.py assigns it (budget.Budget) once the training budget is known in steps (it stays 0 under
+    Noam, which has no end). Checkpoints written before it existed restore with it at 0 (logdir.OPTIONAL_VARIABLES)."""
     with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
         return tf1.get_variable(SCHEDULE_TOTAL_STEPS, initializer=tf.constant(0, tf.int64), trainable=False)
 

@@ -35,7 +35,7 @@ from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, check_ranges, parse_flags
 from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
                     logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs)
-from model import SCHEDULE_TOTAL_STEPS, Transformer
+from model import ModelConfig, Transformer
 from textio import atomic_write, check_writable_dir, read_lines
 from utils import Progress, calc_bleu, get_hypotheses
 
@@ -129,11 +129,12 @@ def build_graph(hp, manifest, cluster):
     xs, ys = iterator.get_next()
 
     step = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
-    eval_ids, eval_scores, eval_summaries = Transformer(hp).eval(xs, DecodingSettings.from_flags(hp))
+    model = Transformer(ModelConfig.from_flags(hp))  # the training step's variables, reused
+    eval_ids, eval_scores, eval_summaries = model.eval(xs, DecodingSettings.from_flags(hp))
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])
-    schedule_total = next(v for v in tf1.global_variables() if v.op.name == SCHEDULE_TOTAL_STEPS)
+    schedule_total = step.schedule_total
     new_schedule_total = tf1.placeholder(tf.int64, [])
     weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in tf1.global_variables()
                                     if v.dtype.base_dtype.is_floating])

@@ -43,7 +43,7 @@ from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
-from model import Transformer
+from model import ModelConfig, Transformer
 from modules import positional_encoding
 from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
                     decode_lines)
@@ -211,7 +211,7 @@ class Translator:
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
         xs = Sources(self.x, self.x_seqlen)
-        model = Transformer(hp)
+        model = Transformer(ModelConfig.from_flags(hp))
         # (N, nbest, T), (N, nbest): best first
         self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp), nbest)
         self.attention = None
@@ -242,7 +242,8 @@ class Translator:
 def ctranslate2_translator(model_dir, hp, nbest):
     """A ctranslate2_engine.Translator for --model DIR; a UserError when ctranslate2 is missing."""
     try:
-        return ctranslate2_engine.Translator(model_dir, hp, nbest, threads=hp.threads)
+        return ctranslate2_engine.Translator(model_dir, decoding.DecodingSettings.from_flags(hp), hp.test_batch_size,
+                                             nbest, threads=hp.threads)
     except ImportError:
         raise UserError("--engine ctranslate2 needs the ctranslate2 package: pip install -r requirements.txt") \
             from None

@@ -48,7 +48,7 @@ from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from logdir import find_checkpoint, load_trained_hparams, restore  # noqa: E402
-from model import Transformer  # noqa: E402
+from model import ModelConfig, Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -122,7 +122,8 @@ def ctranslate2_decoders(sess, hp, bpe_model, model_dir, args):
     forced = None if args.logdir else args.max_steps + 1  # engine.decode counts the step that may only give </s>
     decoders = {}
     for compute_type, name in (("float32", "fp32"), ("int8", "int8")):
-        engine = ctranslate2_engine.Translator(model_dir, hp, compute_type=compute_type,
+        engine = ctranslate2_engine.Translator(model_dir, DecodingSettings.from_flags(hp), hp.test_batch_size,
+                                               compute_type=compute_type,
                                                threads=args.threads or os.cpu_count())
         for beam in (1, BEAM):
             def decode(batch, engine=engine, beam=beam):
@@ -198,7 +199,7 @@ def main(argv=None):
 
     start = time.perf_counter()
     tf1.set_random_seed(hp.seed)
-    model = Transformer(hp)
+    model = Transformer(ModelConfig.from_flags(hp))
     cached_ids, _ = translate(model, xs, greedy)
     graph_build_s = time.perf_counter() - start
     ops = {"cached_greedy": cached_ids, "beam4": translate(model, xs, dataclasses.replace(greedy, beam_size=BEAM))[0]}

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import distributed
 from data_load import Sources, Targets
-from model import BOS_ID, EOS_ID, Transformer
+from model import BOS_ID, EOS_ID, ModelConfig, Transformer
 from modules import label_smoothing
 
 tf1 = tf.compat.v1
@@ -58,7 +58,7 @@ class Placeholders:
 def build(hp):
     """A model over placeholders in a new default graph (the caller enters graph.as_default())."""
     tf1.set_random_seed(0)
-    return Transformer(hp), Placeholders()
+    return Transformer(ModelConfig.from_flags(hp)), Placeholders()
 
 
 def train_step(hp, ph):
