@@ -83,12 +83,9 @@ def save_hparams(hp, path):
     atomic_write(os.path.join(path, HPARAMS_NAME), json.dumps(vars(hp), indent=2, sort_keys=True) + "\n")
 
 
-def load_trained_hparams(logdir, overrides):
-    """The hyperparameters of the model trained in logdir: LOGDIR/hparams.json with `overrides` (a dict of flags
-    the user gave, e.g. the second value of hparams.parse_flags) on top, their ranges checked. Flags added to
-    hparams.py since it was written get the value they stood for then (hparams.LEGACY_VALUES) or their defaults;
-    hp.trained_data_dir is the data dir the model was trained on. An override of the model's shape
-    (hparams.MODEL_FLAGS) with another value is a UserError: the checkpoints hold that shape."""
+def saved_hparams(logdir):
+    """LOGDIR/hparams.json as train.py wrote it (a dict), its types and ranges checked; a UserError saying what to
+    do when it is missing or damaged."""
     fpath = os.path.join(logdir, HPARAMS_NAME)
     if not os.path.exists(fpath):
         raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, logdir))
@@ -99,14 +96,28 @@ def load_trained_hparams(logdir, overrides):
     problem = type_error(saved, fpath) or range_error(Namespace(**saved), saved, where=fpath)
     if problem:
         raise UserError(problem)
-    saved = {**LEGACY_VALUES, **saved}
+    return saved
+
+
+def trained_data_dir(logdir):
+    """The data dir the model in logdir was trained on, as its hparams.json names it (relative to where train.py
+    ran): a data dir given now must have its vocabulary (datadir.check_vocab)."""
+    return saved_hparams(logdir)["data_dir"]
+
+
+def load_trained_hparams(logdir, overrides):
+    """The hyperparameters of the model trained in logdir: LOGDIR/hparams.json with `overrides` (a dict of flags
+    the user gave, e.g. the second value of hparams.parse_flags) on top, their ranges checked. Flags added to
+    hparams.py since it was written get the value they stood for then (hparams.LEGACY_VALUES) or their defaults.
+    An override of the model's shape (hparams.MODEL_FLAGS) with another value is a UserError: the checkpoints hold
+    that shape."""
+    saved = {**LEGACY_VALUES, **saved_hparams(logdir)}
     for flag in MODEL_FLAGS:
         if flag in overrides and overrides[flag] != saved.get(flag):
             raise UserError("%s holds a model with --%s %s but this run asks for %s: use another --logdir"
                             % (logdir, flag, saved.get(flag), overrides[flag]))
     hp = Hparams().parser.parse_args([], namespace=Namespace(
         **{**saved, **overrides, "logdir": logdir}))  # the defaults of flags that neither gives
-    hp.trained_data_dir = saved["data_dir"]
     check_ranges(hp, overrides)
     return hp
 
@@ -132,8 +143,9 @@ def trained_model_files(hp, ckpt="", splits=()):
     """The manifest of hp.data_dir and the checkpoint to restore (ckpt, or the latest in hp.logdir), after
     checking the data dir's files (those of `splits` too), that the data dir's vocabulary is the one the model was
     trained with and that the checkpoint holds trained weights."""
-    manifest = datadir.load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir, splits)
-    datadir.check_vocab(hp, manifest, hp.trained_data_dir)
+    trained_on = trained_data_dir(hp.logdir)
+    manifest = datadir.load_manifest(hp.data_dir, trained_on, hp.logdir, splits)
+    datadir.check_vocab(hp, manifest, trained_on)
     ckpt = find_checkpoint(hp.logdir, ckpt)
     check_trained(ckpt, hp.logdir)
     return manifest, ckpt

@@ -34,7 +34,8 @@ from decoding import DecodingSettings
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, check_ranges, parse_flags
 from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
-                    logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs)
+                    logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs,
+                    trained_data_dir)
 from model import ModelConfig, Transformer
 from textio import atomic_write, check_writable_dir, read_lines
 from utils import Progress, calc_bleu, get_hypotheses
@@ -49,14 +50,13 @@ def resolve_hparams(argv):
     from the data dir. Every flag's range is checked before anything is built.
     """
     hp, given = parse_flags(Hparams(prog="train.py").parser, argv)
-    trained_data_dir = None
+    trained_on = None
     if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
-        hp = load_trained_hparams(hp.logdir, given)
-        trained_data_dir = vars(hp).pop("trained_data_dir")
+        hp, trained_on = load_trained_hparams(hp.logdir, given), trained_data_dir(hp.logdir)
     check_ranges(hp)
-    manifest = load_manifest(hp.data_dir, trained_data_dir, hp.logdir, ("train", "eval"))
-    if trained_data_dir:
-        check_vocab(hp, manifest, trained_data_dir)
+    manifest = load_manifest(hp.data_dir, trained_on, hp.logdir, ("train", "eval"))
+    if trained_on:
+        check_vocab(hp, manifest, trained_on)
     vars(hp).update(fingerprint(hp.data_dir, manifest))
     runtime.resolve_precision(hp)
     return hp, manifest

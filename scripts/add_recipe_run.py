@@ -27,7 +27,7 @@ from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E4
 from datadir import check_vocab, load_manifest  # noqa: E402
 from errors import OneLineParser, UserError, run_cli  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from logdir import checkpoint_state, load_trained_hparams  # noqa: E402
+from logdir import checkpoint_state, load_trained_hparams, trained_data_dir  # noqa: E402
 from textio import atomic_write, read_json  # noqa: E402
 
 #: train.py flags that may differ between a run and its candidate: where things are, when training stops (the
@@ -98,8 +98,9 @@ def cpu_and_command(logdir, cpu, command):
 
 def target_tokens(hp, steps):
     """The real target tokens the run of hp trained in `steps` steps, from its data dir's batches."""
-    manifest = load_manifest(hp.data_dir, hp.trained_data_dir, hp.logdir)
-    check_vocab(hp, manifest, hp.trained_data_dir)
+    trained_on = trained_data_dir(hp.logdir)
+    manifest = load_manifest(hp.data_dir, trained_on, hp.logdir)
+    check_vocab(hp, manifest, trained_on)
     pairs, _ = select_pairs(load_side(hp.data_dir, manifest, "train", 1), load_side(hp.data_dir, manifest, "train", 2),
                             hp.maxlen1, hp.maxlen2, hp.truncate)
     return trained_target_tokens(pairs, steps, hp.batch_size, hp.batch_type, hp.seed, hp.bucket_growth)

@@ -47,7 +47,7 @@ from data_load import EOS_ID, Sources, load_side, pad  # noqa: E402
 from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from logdir import find_checkpoint, load_trained_hparams, restore  # noqa: E402
+from logdir import find_checkpoint, load_trained_hparams, restore, trained_data_dir  # noqa: E402
 from model import ModelConfig, Transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
 
@@ -81,7 +81,7 @@ def model_hparams(args):
     if args.logdir:
         hp = load_trained_hparams(args.logdir, {"data_dir": args.data_dir, "threads": args.threads})
         runtime.resolve_precision(hp)
-        check_vocab(hp, load_manifest(hp.data_dir), hp.trained_data_dir)
+        check_vocab(hp, load_manifest(hp.data_dir), trained_data_dir(args.logdir))
         return hp
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),
                                                     "--max_len_a", "0", "--max_len_b", str(args.max_steps)])

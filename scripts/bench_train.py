@@ -83,6 +83,16 @@ def profile_ops(sess, fetches, steps):
     return {op: round(ms, 2) for op, ms in totals.most_common()}
 
 
+def resolve_hparams(train_flags):
+    """train.py's flags, resolved once as train.py does: the data dir's vocabulary size, the precision. Returns hp
+    and the data dir's manifest."""
+    hp = Hparams().parser.parse_args(train_flags)
+    manifest = load_manifest(hp.data_dir)
+    hp.vocab_size = manifest["vocab_size"]
+    runtime.resolve_precision(hp)
+    return hp, manifest
+
+
 def main(argv=None):
     bench = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--steps", type=int, default=40, help="timed steps on batch shapes seen before")
@@ -90,12 +100,9 @@ def main(argv=None):
     bench.add_argument("--max_steps", type=int, default=400, help="stop after this many steps in all")
     bench.add_argument("--profile", type=int, default=0, help="trace this many steps after the timed ones")
     args, rest = bench.parse_known_args(argv)
-    hp = Hparams().parser.parse_args(rest)
-    runtime.resolve_precision(hp)
+    hp, manifest = resolve_hparams(rest)
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
-    manifest = load_manifest(hp.data_dir)
-    hp.vocab_size = manifest["vocab_size"]
     config = runtime.session_config(hp)
     matmul = matmul_gflops(config)
 
