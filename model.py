@@ -1,6 +1,6 @@
 """The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
 
-    model = Transformer(ModelConfig.from_flags(hp))          # the model's shape, fixed once from the flags
+    model = Transformer(ModelConfig.from_flags(hp))         # the model's shape, fixed once from the flags
     loss_sum, token_count, attention = model.loss(xs, ys)   # training: distributed.build_train builds the step
     ids, scores, summaries = model.eval(xs, settings)       # dev translations (decoding.translate), a summary
 
