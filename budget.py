@@ -29,7 +29,7 @@ class Budget:
         unset). started: time.time() when the tool started, for the start-up time printed at the first step."""
         self.sess, self.g, self.hp, self.deadline, self.is_chief = sess, g, hp, deadline, is_chief
         self.started = started
-        self.total = int(sess.run(g.schedule_total))
+        self.total = int(sess.run(g.step.schedule_total))
         self.decaying = hp.lr_schedule != "noam"
         self.run_steps, self.timer_start, self.timed_from, self.eval_seconds = 0, None, None, []
         if self.decaying and not self.total and not hp.max_minutes:

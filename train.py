@@ -102,10 +102,10 @@ class TrainGraph:
     eval_scores: tf.Tensor
     eval_summaries: tf.Tensor
     # saved with the weights: [completed epochs, batches done in the current epoch], and the schedule's end step
+    # (the variable is step.schedule_total)
     training_state: tf.Variable
     new_state: tf.Tensor
     save_state: tf.Tensor
-    schedule_total: tf.Variable
     new_schedule_total: tf.Tensor
     set_schedule_total: tf.Tensor
     weights_finite: tf.Tensor  # every float variable (optimizer slots too) is finite
@@ -134,7 +134,6 @@ def build_graph(hp, manifest, cluster):
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])
-    schedule_total = step.schedule_total
     new_schedule_total = tf1.placeholder(tf.int64, [])
     weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in tf1.global_variables()
                                     if v.dtype.base_dtype.is_floating])
@@ -145,8 +144,8 @@ def build_graph(hp, manifest, cluster):
         eval_order=eval_order(hp.data_dir, manifest, "eval"), num_train=num_train,
         num_over=num_over, num_eval=num_eval, eval_ids=eval_ids, eval_scores=eval_scores,
         eval_summaries=eval_summaries, training_state=training_state, new_state=new_state,
-        save_state=tf1.assign(training_state, new_state), schedule_total=schedule_total,
-        new_schedule_total=new_schedule_total, set_schedule_total=schedule_total.assign(new_schedule_total),
+        save_state=tf1.assign(training_state, new_state),
+        new_schedule_total=new_schedule_total, set_schedule_total=step.schedule_total.assign(new_schedule_total),
         weights_finite=weights_finite, saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints,
                                                              save_relative_paths=True),
         init=tf1.global_variables_initializer())
