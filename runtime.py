@@ -11,15 +11,26 @@ A variable the user has set keeps its value:
                                    large buffers back to the operating system after each use, so every step pays for
                                    hundreds of thousands of page faults on fresh memory (see docs/performance.md).
 
+Importing this module also keeps TensorFlow from importing Keras (see KERAS_BLOCKED below).
+
 The functions below read the CPU's instruction-set flags for --precision auto and size a session's thread pools to
 the cores this process may use. Those that need TensorFlow import it when called, once the tool has loaded it.
 """
+import ctypes
 import os
 import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+#: The module TensorFlow imports eagerly when it is imported itself, to register Keras's optimizers for Keras models;
+#: it brings in all of Keras (and matplotlib, h5py, rich): about 50 MB resident and a second of every tool's start.
+#: No tool here uses Keras, so a None entry in sys.modules makes that import fail, which TensorFlow catches and
+#: skips. A process that imported Keras before this module keeps it; one that wants Keras after must import it first.
+KERAS_BLOCKED = "keras.src.optimizers"
+if "keras" not in sys.modules:
+    sys.modules.setdefault(KERAS_BLOCKED, None)
 
 #: CPU flags (as /proc/cpuinfo spells them) that give fast bfloat16 matrix products in oneDNN.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -125,3 +136,16 @@ def onednn_isa():
         if ",isa:" in line:
             return line.split(",isa:", 1)[1].strip()
     return None
+
+
+def release_freed_memory():
+    """Returns the heap memory that has been freed but is still held by the C library to the operating system
+    (glibc's malloc_trim), so that it stops counting in the resident set. The first run of a graph in a session
+    optimizes the graph and builds its kernels, and the memory that work frees stays with glibc's arenas: about 40 MB
+    for the training step. TensorFlow's own tensor pool is not glibc's and is kept. Returns whether it could call
+    malloc_trim (not on C libraries without it)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # None: the symbols already loaded, the C library's among them
+    except (OSError, AttributeError):
+        return False
+    return True

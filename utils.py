@@ -11,6 +11,7 @@ import numpy as np
 import sacrebleu
 from tqdm import tqdm
 
+import runtime
 from textio import EOS_ID, PAD_ID
 
 
@@ -46,6 +47,8 @@ def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, d
         texts = postprocess(ids, sp)
         hypotheses.extend("" if length == 1 else text for length, text in zip(x_seqlen, texts))
         progress.update()
+        if batch == 0:  # the graph's first run in this session optimized it: hand back the memory that freed
+            runtime.release_freed_memory()
     progress.close()
     in_line_order = [""] * len(order)
     for line, hypothesis in zip(order, hypotheses):
