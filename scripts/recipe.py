@@ -37,7 +37,7 @@ import runtime  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
-BEAM_SIZE, LENGTH_PENALTY = 4, 1.0
+BEAM_SIZE, LENGTH_PENALTY = 4, 1.2
 #: Wall time kept for what follows training: the final dev decode and both test decodes.
 POST_TRAIN_MINUTES = 2.5
 #: bench_train.py per candidate: untimed steps, timed steady-state steps, and the most steps after the untimed ones
