@@ -259,7 +259,7 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
         epoch_step += 1
         budget.after_step(step)
         losses.append(loss)
-        if len(losses) == 1:  # the step's first run in this session optimized the graph: hand back what that freed
+        if len(losses) == 1:  # once an epoch: the session's first step optimized the graph; hand back what it freed
             runtime.release_freed_memory()
         tokens += batch_tokens
         progress.update(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
