@@ -116,6 +116,13 @@ class Hparams:
                                 "ONEDNN_MAX_CPU_ISA caps it), else fp32; bf16: matrix products in bfloat16 (slower "
                                 "than fp32 on CPUs without those flags); fp16: in float16 with dynamic loss scaling "
                                 "(GPUs with tensor cores); variables, layer norm, softmax and loss stay fp32")
+        group.add_argument("--kernels", choices=["auto", "fused", "tf"], default="auto",
+                           help="auto: in training, each attention's scaling, masks, softmax and dropout, and each "
+                                "post-norm sublayer's dropout, residual add and layer norm, run as one C++ kernel "
+                                "each, their gradients too (kernels.py, built with g++ on first use), when they build "
+                                "here and no GPU is visible, else as TensorFlow's ops; the same functions (their "
+                                "dropout draws its own decisions); fused: what auto resolved to (a resumed run "
+                                "checks again); tf: TensorFlow's ops only")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",
                            help="none: one device; mirrored: the devices of --devices in this process; multiworker: "
                                 "one process per worker, cluster and task from TF_CONFIG (see docs/distributed.md). "
@@ -163,7 +170,8 @@ def parse_flags(parser, argv, intermixed=False):
 #: trained with this value (not the flag's current default).
 #: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, datadir.fingerprint) None: unknown, not
 #: compared (the vocabulary's size still is, and a data dir's bpe.model must match its bpe.vocab).
-LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "vocab_sha256": None, "bpe_sha256": None}
+LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "kernels": "tf", "vocab_sha256": None,
+                 "bpe_sha256": None}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from the command line.
 MODEL_FLAGS = ("d_model", "d_ff", "num_blocks", "num_heads", "norm_type", "vocab_size")

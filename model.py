@@ -50,6 +50,7 @@ class ModelConfig:
     norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
     smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
     precision: str = "fp32"    # "fp32", "bf16" or "fp16": the dtype of the matrix products (COMPUTE_DTYPES)
+    kernels: str = "tf"        # "fused": training's residual + layer norm by kernels.py (same function), or "tf"
 
     @classmethod
     def from_flags(cls, hp):
@@ -64,6 +65,7 @@ class Transformer:
         self.config = config  # a ModelConfig
         #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
         self.dtype = COMPUTE_DTYPES[config.precision]
+        self.fused_kernels = config.kernels == "fused"
         self.embeddings = get_token_embeddings(config.vocab_size, config.d_model, zero_pad=True)  # (V, d_model)
 
     # ---------------------------------------------------------------- encoder and decoder stacks
@@ -91,9 +93,10 @@ class Transformer:
             for i in range(cfg.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     enc, _ = self_attention(enc, src_biases, cfg.num_heads, cfg.dropout_rate, training,
-                                            scope="multihead_attention", norm_type=cfg.norm_type, dtype=self.dtype)
+                                            scope="multihead_attention", norm_type=cfg.norm_type, dtype=self.dtype,
+                                            fused_kernels=self.fused_kernels)
                     enc = ff(enc, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
-                             norm_type=cfg.norm_type, dtype=self.dtype)
+                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels)
             memory = self._final_ln(enc)
         return memory, src_masks
 
@@ -110,12 +113,13 @@ class Transformer:
             for i in range(cfg.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     dec, _ = self_attention(dec, None, cfg.num_heads, cfg.dropout_rate, training, causality=True,
-                                            scope="self_attention", norm_type=cfg.norm_type, dtype=self.dtype)
+                                            scope="self_attention", norm_type=cfg.norm_type, dtype=self.dtype,
+                                            fused_kernels=self.fused_kernels)
                     dec, attention = cross_attention(dec, memory, src_biases, cfg.num_heads, cfg.dropout_rate, training,
                                                      scope="vanilla_attention", norm_type=cfg.norm_type,
-                                                     dtype=self.dtype)
+                                                     dtype=self.dtype, fused_kernels=self.fused_kernels)
                     dec = ff(dec, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
-                             norm_type=cfg.norm_type, dtype=self.dtype)
+                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels)
             return self._final_ln(dec), attention
 
     def _output_kernel(self):

@@ -9,6 +9,8 @@ Shapes: N batch, T_q / T_k query / key lengths, d_model hidden size, h heads, V 
 import numpy as np
 import tensorflow as tf
 
+from kernels import attention_softmax_dropout, residual_dropout_ln
+
 tf1 = tf.compat.v1
 
 #: Logit given to masked attention positions: exp() of it is 0 in fp32 and bf16.
@@ -188,7 +190,8 @@ def mask_future(inputs):
     return inputs + tf.cast(key_biases(tf.logical_not(allowed)), inputs.dtype)[None, :, :]
 
 
-def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True):
+def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_rate=0., training=True,
+                                 fused_kernels=False):
     """softmax(Q K^T / sqrt(d_k)) V (Section 3.2.1).
 
     Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 / float16 for mixed precision,
@@ -196,10 +199,17 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
     key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), (N or 1, 1, T_k) float32
         biases, or None (see mask_keys).
     causality: if True, query t attends only to keys <= t.
+    fused_kernels: in training, the scaling, masks, softmax and dropout, and their gradient, run as one kernel each
+        (kernels.attention_softmax_dropout: the same function, with keep decisions of its own).
     Returns outputs (N, T_q, d_v) in V's dtype and attention weights (N, T_q, T_k) float32.
     """
     d_k = Q.shape[-1]
-    logits = tf.cast(tf.matmul(Q, K, transpose_b=True), tf.float32) * (float(d_k) ** -0.5)  # (N, T_q, T_k)
+    scores = tf.matmul(Q, K, transpose_b=True)  # (N, T_q, T_k) in Q's dtype
+    if fused_kernels and training:
+        attention, dropped = attention_softmax_dropout(scores, attention_biases(key_masks, scores),
+                                                       float(d_k) ** -0.5, causality, dropout_rate)
+        return tf.matmul(dropped, V), attention
+    logits = tf.cast(scores, tf.float32) * (float(d_k) ** -0.5)
     if key_masks is not None:
         logits = mask_keys(logits, key_masks)
     if causality:
@@ -207,6 +217,16 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
     attention = tf.nn.softmax(logits)
     outputs = tf.matmul(dropout(tf.cast(attention, V.dtype), dropout_rate, training), V)  # (N, T_q, d_v)
     return outputs, attention
+
+
+def attention_biases(key_masks, scores):
+    """key_masks as mask_keys takes them -> (N or 1, 1, T_k) float32 biases for scores (N, T_q, T_k) (zeros for
+    None)."""
+    if key_masks is None:
+        return tf.zeros([1, 1, tf.shape(scores)[2]])
+    if key_masks.shape.rank == 2:
+        return head_biases(key_masks, tf.shape(scores)[0] // tf.shape(key_masks)[0])
+    return key_masks
 
 
 def split_heads(x, num_heads):
@@ -223,14 +243,17 @@ def merge_heads(x, num_heads):
     return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, length, num_heads * d_head])  # (N, T, d_model)
 
 
-def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True):
+def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate=0., training=True,
+                    fused_kernels=False):
     """Attention of every head at once (Section 3.2.2), on projected queries, keys and values split into heads.
 
     Q: (N*h, T_q, d_model/h). K, V: (N*h, T_k, d_model/h), float32 or 16-bit. key_masks: (N, T_k) bool or None.
+    fused_kernels: as for scaled_dot_product_attention.
     Returns outputs (N, T_q, d_model) in V's dtype (heads concatenated, before the output projection)
     and attention weights (N, h, T_q, T_k) float32.
     """
-    outputs, attention = scaled_dot_product_attention(Q, K, V, key_masks, causality, dropout_rate, training)
+    outputs, attention = scaled_dot_product_attention(Q, K, V, key_masks, causality, dropout_rate, training,
+                                                      fused_kernels)
     t_q, t_k = tf.shape(Q)[1], tf.shape(K)[1]
     return merge_heads(outputs, num_heads), tf.reshape(attention, [-1, num_heads, t_q, t_k])  # (N, h, T_q, T_k)
 
@@ -244,33 +267,40 @@ def sublayer_input(inputs, norm_type):
     return ln(inputs) if norm_type == "pre" else inputs
 
 
-def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
+def sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_kernels=False):
     """Residual connection around a sublayer: LN(x + dropout(f)) (post, Section 3.1) or x + dropout(f) (pre,
     Xiong et al., 2020), with dropout on f (Section 5.4).
 
     inputs: (N, T, d_model) float32, the sublayer's input x. outputs: (N, T, d_model), the sublayer's f, in float32
-    or a 16-bit float (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
+    or a 16-bit float (dropped out in its own dtype, then added in float32). fused_kernels: in training with
+    post-norm, LN(x + dropout(f)) and its gradient run as one kernel each (kernels.residual_dropout_ln: the same
+    function, with keep decisions of its own). Returns (N, T, d_model) float32.
     """
+    if fused_kernels and training and norm_type == "post":
+        with tf1.variable_scope("ln", reuse=tf1.AUTO_REUSE):
+            gamma, beta = ln_variables(inputs.shape[-1])
+            return residual_dropout_ln(inputs, outputs, gamma, beta, dropout_rate)
     residual = inputs + tf.cast(dropout(outputs, dropout_rate, training), inputs.dtype)
     return ln(residual) if norm_type == "post" else residual
 
 
 def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality, dropout_rate, training, norm_type,
-                              dtype):
+                              dtype, fused_kernels=False):
     """The part of an attention sublayer after the projections: the heads' attention, the output projection `o`
     (in the current variable scope), the residual connection and layer norm (Sections 3.2.2 and 3.1).
 
     queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N*h, T_q, d_model/h). K, V: (N*h, T_k,
-    d_model/h), split into heads. key_masks: (N, T_k) bool or None.
+    d_model/h), split into heads. key_masks: (N, T_k) bool or None. fused_kernels: as for self_attention.
     Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
     """
-    outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training)
+    outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
+                                         fused_kernels)
     outputs = dense(outputs, queries.shape[-1], scope="o", dtype=dtype)
-    return sublayer_output(queries, outputs, norm_type, dropout_rate, training), attention
+    return sublayer_output(queries, outputs, norm_type, dropout_rate, training, fused_kernels), attention
 
 
 def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=True, causality=False,
-                   scope="self_attention", norm_type="post", dtype=tf.float32):
+                   scope="self_attention", norm_type="post", dtype=tf.float32, fused_kernels=False):
     """Multi-head self-attention sublayer with residual connection and layer norm (Sections 3.2.2 and 3.1; pre-norm:
     Xiong et al., 2020): queries, keys and values are all projected from the sublayer's input x (LN(inputs) for
     norm_type "pre"), by one matrix product over the q, k and v kernels side by side.
@@ -279,6 +309,8 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
     causality: if True, position t attends only to positions <= t.
     dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision: Q, K, V and the
         heads' outputs stay in it from one product to the next; softmax, residual and layer norm are float32).
+    fused_kernels: while training, the attention's softmax and dropout in one kernel, and the residual connection
+        and layer norm in another (scaled_dot_product_attention, sublayer_output).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T, d_model) and attention weights (N, h, T, T).
     """
@@ -286,17 +318,18 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
         x = sublayer_input(inputs, norm_type)
         Q, K, V = fused_heads(x, inputs.shape[-1], ("q", "k", "v"), num_heads, dtype)  # each (N*h, T, d_model/h)
         return attention_sublayer_output(inputs, Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
-                                         norm_type, dtype)
+                                         norm_type, dtype, fused_kernels)
 
 
 def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., training=True,
-                    scope="vanilla_attention", norm_type="post", dtype=tf.float32):
+                    scope="vanilla_attention", norm_type="post", dtype=tf.float32, fused_kernels=False):
     """Multi-head attention of the decoder over the encoder's output, with residual connection and layer norm
     (Sections 3.2.2 and 3.2.3): queries are projected from the sublayer's input x (LN(queries) for norm_type "pre"),
     keys and values from memory, by one matrix product over the k and v kernels side by side.
 
     queries: (N, T_q, d_model). memory: (N, T_k, d_model), the encoder's output. key_masks: (N, T_k) bool, True at
-    padding. dtype: as for self_attention. Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
+    padding. dtype, fused_kernels: as for self_attention.
+    Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
     d_model = queries.shape[-1]
@@ -305,23 +338,23 @@ def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., tr
         Q = split_heads(dense(x, d_model, scope="q", dtype=dtype), num_heads)  # (N*h, T_q, d_model/h)
         K, V = fused_heads(memory, d_model, ("k", "v"), num_heads, dtype)  # each (N*h, T_k, d_model/h)
         return attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, False, dropout_rate, training,
-                                         norm_type, dtype)
+                                         norm_type, dtype, fused_kernels)
 
 
 def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post",
-       dtype=tf.float32):
+       dtype=tf.float32, fused_kernels=False):
     """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 (Section 3.3) with residual and layer norm
     (Section 3.1).
 
     inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products and of the (N, T, d_ff)
-    hidden activations between them.
+    hidden activations between them. fused_kernels: as for self_attention (sublayer_output).
     Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(inputs, norm_type)
         hidden = tf.nn.relu(dense(x, num_units[0], scope="inner", dtype=dtype))  # (N, T, d_ff)
         outputs = dense(hidden, num_units[1], scope="outer", dtype=dtype)  # (N, T, d_model)
-        return sublayer_output(inputs, outputs, norm_type, dropout_rate, training)
+        return sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_kernels)
 
 
 def positional_encoding(inputs, start=0):

@@ -27,6 +27,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 import distributed
+import kernels
 from budget import Budget
 from data_load import Sources, eval_order, get_batch
 from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
@@ -59,6 +60,7 @@ def resolve_hparams(argv):
         check_vocab(hp, manifest, trained_on)
     vars(hp).update(fingerprint(hp.data_dir, manifest))
     runtime.resolve_precision(hp)
+    kernels.resolve_kernels(hp)
     return hp, manifest
 
 

@@ -9,7 +9,8 @@ measured here (mfu). The last line is one JSON object.
 
 The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
 ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
-the time per op type (RunMetadata step stats), in ms per step, largest first: the profile of docs/performance.md.
+the time per op type (RunMetadata step stats), in ms per step, largest first: the profile of docs/performance.md,
+and its sums over the matrix products and over all other ops.
 
 Timed steps are steady-state steps: the first step on each new batch shape builds oneDNN kernels for it (a
 one-time cost of the first epoch), so such steps are counted apart (new_shape_steps, new_shape_step_s) and
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import distributed  # noqa: E402
+import kernels  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from datadir import load_manifest  # noqa: E402
@@ -83,6 +85,13 @@ def profile_ops(sess, fetches, steps):
     return {op: round(ms, 2) for op, ms in totals.most_common()}
 
 
+def matmul_share(profile):
+    """{op type: ms per step} -> the ms per step of the matrix products (op types with MatMul in their name, oneDNN's
+    and fused ones included) and of everything else, the work the kernels of kernels.py shrink."""
+    matmul = sum(ms for op, ms in profile.items() if "MatMul" in op)
+    return {"matmul_ms_per_step": round(matmul, 1), "other_ms_per_step": round(sum(profile.values()) - matmul, 1)}
+
+
 def resolve_hparams(train_flags):
     """train.py's flags, resolved once as train.py does: the data dir's vocabulary size, the precision. Returns hp
     and the data dir's manifest."""
@@ -90,6 +99,7 @@ def resolve_hparams(train_flags):
     manifest = load_manifest(hp.data_dir)
     hp.vocab_size = manifest["vocab_size"]
     runtime.resolve_precision(hp)
+    kernels.resolve_kernels(hp)
     return hp, manifest
 
 
@@ -154,13 +164,13 @@ def main(argv=None):
         "model_gflops_per_s": round(model_gflops, 1),
         "matmul_gflops_per_s": round(matmul, 1),
         "mfu": round(model_gflops / matmul, 3),
-        "precision": hp.precision, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
+        "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
         **runtime.machine_summary(), "onednn_isa": runtime.onednn_isa(),
         "allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
     }
     if profile:
-        result["profile_ms_per_step"] = profile
+        result.update(matmul_share(profile), profile_ms_per_step=profile)
     print(json.dumps(result))
 
 

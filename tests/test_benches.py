@@ -33,6 +33,11 @@ def test_forward_flops_hand_computed():
     assert bench_train.forward_flops(hp, 2, 1, 1, 1) == 2 * 168 + 20
 
 
+def test_profile_splits_into_matrix_products_and_the_rest():
+    profile = {"_MklMatMul": 10.0, "BatchMatMulV2": 2.5, "_MklFusedMatMul": 1.0, "Mul": 4.0, "ResidualDropoutLn": 0.5}
+    assert bench_train.matmul_share(profile) == {"matmul_ms_per_step": 13.5, "other_ms_per_step": 4.5}
+
+
 def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio(small_numbers_dir, capsys,
                                                                                       monkeypatch):
     # a smaller matmul than the 2048^2 of a real run: what is checked is the ratio, not the figure

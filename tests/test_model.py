@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import kernels
 from decoding import DecodingSettings, translate
 from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
 
@@ -106,6 +107,41 @@ def test_training_loss_scores_real_tokens_in_chunks_like_the_full_one_hot_loss(f
     np.testing.assert_allclose(loss_sum, reference_sum, rtol=1e-5)
     for gradient, reference in zip(gradients, reference_gradients):
         np.testing.assert_allclose(gradient, reference, atol=1e-5)
+
+
+def loss_and_gradients_at(hp, x, y, weights=None):
+    """Training loss sum and gradients of every variable for one batch, and the variables' values by name:
+    the weights given (name -> value), else fixed-seed ones."""
+    with tf.Graph().as_default():
+        model, ph = build(hp)
+        loss_sum, _, _ = model.loss(ph.xs, ph.ys)
+        gradients = tf.gradients(loss_sum, tf1.trainable_variables())
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            for variable in tf1.global_variables():
+                if weights is not None:
+                    variable.load(weights[variable.name], sess)
+            values = {v.name: value for v, value in zip(tf1.global_variables(), sess.run(tf1.global_variables()))}
+            return sess.run([loss_sum, gradients], ph.feed(x, y)) + [values]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fused_kernels_give_the_training_loss_and_gradients_of_tensorflow_ops(precision):
+    """Without dropout the fused residual + layer norm is the same function as TensorFlow's ops (kernels.py)."""
+    try:
+        kernels.load()
+    except kernels.KernelsUnavailable as e:
+        pytest.skip(str(e))
+    rng = np.random.RandomState(3)
+    hp = small_hp(smoothing=0.1, precision=precision)
+    x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size, width=9)
+    ops_sum, ops_gradients, weights = loss_and_gradients_at(hp, x, y)
+    fused_sum, fused_gradients, _ = loss_and_gradients_at(small_hp(smoothing=0.1, precision=precision,
+                                                                   kernels="fused"), x, y, weights)
+    tolerance = 1e-5 if precision == "fp32" else 2e-2
+    np.testing.assert_allclose(fused_sum, ops_sum, rtol=tolerance)
+    for fused, ops in zip(fused_gradients, ops_gradients):
+        np.testing.assert_allclose(fused, ops, atol=tolerance)
 
 
 @pytest.mark.slow

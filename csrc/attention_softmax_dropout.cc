@@ -1,0 +1,199 @@
+// softmax(scale * s + masks) and dropout of it: the attention weights of Section 3.2.1 with attention dropout
+// (Section 5.4), forward and backward, one pass over each row of logits instead of TensorFlow's chain of casts,
+// scaling, mask additions, softmax and dropout ops (and their gradients).
+//
+// s: (N, T_q, T_k) the products Q K^T, in float32 or a 16-bit float; the masks: (N or 1, 1, T_k) float32 biases
+// (modules.key_biases) and, for the decoder's self-attention, keys after their query, which get weight 0 (as their
+// MASKED_LOGIT does in modules.mask_future). The keep decisions are drawn again by the backward kernel from the
+// step's seed (keep_decisions.h). kernels.py builds this file; tests/test_kernels.py holds it to TensorFlow's ops.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "keep_decisions.h"
+
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::shape_inference::InferenceContext;
+using namespace nmt;  // NOLINT: keep_decisions.h
+
+// exp(x) for x <= 0 in a form the compiler vectorizes: 2^n exp(r) with n = round(x / ln 2), |r| <= ln 2 / 2, and
+// Cephes' degree-5 polynomial for exp(r) (about 1 ulp); 0 below -87.3, where float32's exp leaves normal numbers.
+inline float exp_nonpositive(float x) {
+  const float clamped = x < -87.3f ? -87.3f : x;
+  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.3f ? 0.0f : e * two_n;
+}
+
+template <typename T>
+class AttentionSoftmaxDropoutOp : public OpKernel {
+ public:
+  explicit AttentionSoftmaxDropoutOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+    OP_REQUIRES_OK(context, context->GetAttr("rate", &rate_));
+    OP_REQUIRES_OK(context, context->GetAttr("causal", &causal_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& s = context->input(0);
+    const Tensor& biases = context->input(1);
+    OP_REQUIRES(context, s.dims() == 3, absl::InvalidArgumentError("s must be (N, T_q, T_k)"));
+    const int64_t n = s.dim_size(0), t_q = s.dim_size(1), t_k = s.dim_size(2);
+    OP_REQUIRES(context, biases.dims() == 3 && (biases.dim_size(0) == n || biases.dim_size(0) == 1) &&
+                             biases.dim_size(1) == 1 && biases.dim_size(2) == t_k,
+                absl::InvalidArgumentError("biases must be (N or 1, 1, T_k)"));
+    Tensor *attention, *dropped;
+    OP_REQUIRES_OK(context, context->allocate_output(0, s.shape(), &attention));
+    OP_REQUIRES_OK(context, context->allocate_output(1, s.shape(), &dropped));
+    const T* ss = s.flat<T>().data();
+    const float* bs = biases.flat<float>().data();
+    const int64_t bias_stride = biases.dim_size(0) == 1 ? 0 : t_k;
+    float* ps = attention->flat<float>().data();
+    T* ds = dropped->flat<T>().data();
+    const uint64_t key = seed_key(context->input(2));
+    const int threshold = keep_threshold(rate_);
+    const float keep_scale = 1.0f / (1.0f - rate_), scale = scale_;
+    const bool causal = causal_;
+    for_row_blocks(context, n * t_q, t_k, [&](int64_t, int64_t first, int64_t last) {
+      std::vector<float> keep(t_k), z(t_k);
+      std::vector<uint64_t> words(t_k / 4 + 2);
+      for (int64_t row = first; row < last; ++row) {
+        const int64_t at = row * t_k;
+        const float* bias = bs + (row / t_q) * bias_stride;
+        const int64_t width = causal ? std::min(t_k, row % t_q + 1) : t_k;  // keys with weight > 0 possible
+        float top = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : top)
+        for (int64_t j = 0; j < width; ++j) {
+          z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
+          top = std::max(top, z[j]);
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < width; ++j) {
+          z[j] = exp_nonpositive(z[j] - top);
+          sum += z[j];
+        }
+        const float inv = 1.0f / sum;
+        row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
+        for (int64_t j = 0; j < width; ++j) {
+          const float p = z[j] * inv;
+          ps[at + j] = p;
+          ds[at + j] = static_cast<T>(p * keep[j]);
+        }
+        for (int64_t j = width; j < t_k; ++j) {
+          ps[at + j] = 0.0f;
+          ds[at + j] = static_cast<T>(0.0f);
+        }
+      }
+    });
+  }
+
+ private:
+  float scale_, rate_;
+  bool causal_;
+};
+
+// d_s = scale * p * (dp - sum_j p_j dp_j) with dp the gradient of the weights before dropout (keep * d_dropped).
+template <typename T>
+class AttentionSoftmaxDropoutGradOp : public OpKernel {
+ public:
+  explicit AttentionSoftmaxDropoutGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+    OP_REQUIRES_OK(context, context->GetAttr("rate", &rate_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& d_dropped = context->input(0);
+    const Tensor& attention = context->input(1);
+    const int64_t t_k = attention.dim_size(2);
+    const int64_t rows = t_k == 0 ? 0 : attention.NumElements() / t_k;
+    Tensor* d_s;
+    OP_REQUIRES_OK(context, context->allocate_output(0, attention.shape(), &d_s));
+    const T* dds = d_dropped.flat<T>().data();
+    const float* ps = attention.flat<float>().data();
+    T* out = d_s->flat<T>().data();
+    const uint64_t key = seed_key(context->input(2));
+    const int threshold = keep_threshold(rate_);
+    const float keep_scale = 1.0f / (1.0f - rate_), scale = scale_;
+    for_row_blocks(context, rows, t_k, [&](int64_t, int64_t first, int64_t last) {
+      std::vector<float> keep(t_k), dp(t_k);
+      std::vector<uint64_t> words(t_k / 4 + 2);
+      for (int64_t row = first; row < last; ++row) {
+        const int64_t at = row * t_k;
+        row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < t_k; ++j) {
+          dp[j] = keep[j] * static_cast<float>(dds[at + j]);
+          dot += ps[at + j] * dp[j];
+        }
+        for (int64_t j = 0; j < t_k; ++j) out[at + j] = static_cast<T>(scale * ps[at + j] * (dp[j] - dot));
+      }
+    });
+  }
+
+ private:
+  float scale_, rate_;
+};
+
+}  // namespace
+
+REGISTER_OP("AttentionSoftmaxDropout")
+    .Input("s: T")
+    .Input("biases: float")
+    .Input("seed: int32")
+    .Output("attention: float")
+    .Output("dropped: T")
+    .Attr("T: {float, bfloat16, half}")
+    .Attr("scale: float")
+    .Attr("rate: float")
+    .Attr("causal: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("AttentionSoftmaxDropoutGrad")
+    .Input("d_dropped: T")
+    .Input("attention: float")
+    .Input("seed: int32")
+    .Output("d_s: T")
+    .Attr("T: {float, bfloat16, half}")
+    .Attr("scale: float")
+    .Attr("rate: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    });
+
+#define REGISTER(T)                                                                                         \
+  REGISTER_KERNEL_BUILDER(Name("AttentionSoftmaxDropout").Device(DEVICE_CPU).TypeConstraint<T>("T"),        \
+                          AttentionSoftmaxDropoutOp<T>);                                                     \
+  REGISTER_KERNEL_BUILDER(Name("AttentionSoftmaxDropoutGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"),    \
+                          AttentionSoftmaxDropoutGradOp<T>);
+REGISTER(float)
+REGISTER(Eigen::bfloat16)
+REGISTER(Eigen::half)

@@ -1,0 +1,60 @@
+// What the toolkit's kernels share: the keep decisions of their dropout, drawn again from a step's seed instead of
+// stored, and the split of a tensor's rows over the session's intra-op threads.
+//
+// Entry i of a tensor (row-major) is kept when the 16-bit lane (i % 4) of mix(key + (i / 4 + 1) * GOLDEN) is
+// >= threshold (mix: SplitMix64's finalizer; key: the two int32 seed words; threshold: round(rate * 2^16) - 2^15).
+// kernels.keep_decisions computes the same with numpy for the tests.
+#ifndef NMT_CSRC_KEEP_DECISIONS_H_
+#define NMT_CSRC_KEEP_DECISIONS_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace nmt {
+
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+
+constexpr uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL;
+constexpr int64_t BLOCK_ROWS = 64;  // rows per task of the threads, and per partial sum where a kernel reduces over rows
+
+inline uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// The scale of each of one row's entries [start, start + d) of the flattened tensor: `scale` where kept, else 0.
+// words: scratch for the row's random words, d / 4 + 2 of them.
+inline void row_keep_scales(uint64_t key, int64_t start, int64_t d, int threshold, float scale, uint64_t* words,
+                            float* out) {
+  const int64_t first = start >> 2, last = (start + d - 1) >> 2;
+  for (int64_t w = first; w <= last; ++w) words[w - first] = mix(key + (static_cast<uint64_t>(w) + 1) * GOLDEN);
+  // lane k of a word is its k-th int16 in memory on a little-endian CPU
+  const int16_t* draws = reinterpret_cast<const int16_t*>(words) + (start - 4 * first);
+  for (int64_t j = 0; j < d; ++j) out[j] = draws[j] >= threshold ? scale : 0.0f;
+}
+
+inline uint64_t seed_key(const Tensor& seed) {
+  auto words = seed.flat<int32_t>();
+  return (static_cast<uint64_t>(static_cast<uint32_t>(words(0))) << 32) | static_cast<uint32_t>(words(1));
+}
+
+inline int keep_threshold(float rate) { return static_cast<int>(std::lround(rate * 65536.0)) - 32768; }
+
+// Rows of a (..., d) tensor are processed by the session's intra-op threads, BLOCK_ROWS at a time.
+template <typename F>
+void for_row_blocks(OpKernelContext* context, int64_t rows, int64_t d, F body) {
+  const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+  auto* workers = context->device()->tensorflow_cpu_worker_threads()->workers;
+  workers->ParallelFor(blocks, BLOCK_ROWS * d * 20, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) body(b, b * BLOCK_ROWS, std::min(rows, (b + 1) * BLOCK_ROWS));
+  });
+}
+
+}  // namespace nmt
+
+#endif  // NMT_CSRC_KEEP_DECISIONS_H_

@@ -1,0 +1,181 @@
+"""The toolkit's own CPU kernels (csrc/*.cc): a training step's elementwise chains in one pass over memory
+each, where TensorFlow runs one op, and one pass, per operation.
+
+    ops = kernels.load()                           # builds the library with g++ on first use; KernelsUnavailable
+    y = residual_dropout_ln(x, f, gamma, beta, rate, epsilon)   # LN(x + dropout(f)), its gradient fused too
+    attention, dropped = attention_softmax_dropout(s, biases, scale, causal, rate)   # softmax and its dropout
+
+The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
+under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
+Building takes about 30 s. modules.sublayer_output and modules.scaled_dot_product_attention use these kernels in
+training when the model's config says "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they
+replace stay the reference that tests/test_kernels.py holds them to.
+"""
+import functools
+import glob
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(HERE, "csrc", name) for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc")]
+HEADERS = [os.path.join(HERE, "csrc", "keep_decisions.h")]
+BUILD_DIR = os.path.join(HERE, "build")
+GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
+
+
+class KernelsUnavailable(Exception):
+    """The kernels could not be built or loaded here; the message says why in one line."""
+
+
+def compile_command(output):
+    """The g++ command that builds SOURCES into output against the installed TensorFlow."""
+    return (["g++", "-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd", "-w"]
+            + SOURCES + ["-o", output] + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+
+
+def library_path():
+    """build/kernels-<hash>.so: the hash covers the sources, TensorFlow's version, the command and the machine."""
+    digest = hashlib.sha256()
+    for source in SOURCES + HEADERS:
+        with open(source, "rb") as f:
+            digest.update(f.read())
+    digest.update(" ".join([tf.__version__, platform.machine(), platform.node()] + compile_command("")).encode())
+    return os.path.join(BUILD_DIR, "kernels-%s.so" % digest.hexdigest()[:16])
+
+
+def build(path):
+    """Compiles the library to path (atomically: processes that build at once each write their own file)."""
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=BUILD_DIR)
+    os.close(handle)
+    try:
+        result = subprocess.run(compile_command(partial), capture_output=True, text=True)
+    except OSError as e:  # no g++
+        os.remove(partial)
+        raise KernelsUnavailable("could not run g++ (%s)" % e.strerror)
+    if result.returncode != 0:
+        os.remove(partial)
+        first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
+        raise KernelsUnavailable("g++ failed: %s" % first)
+    os.replace(partial, path)
+    for stale in glob.glob(os.path.join(BUILD_DIR, "kernels-*.so")):  # built from older sources or TensorFlow
+        if stale != path:
+            os.remove(stale)
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """The loaded op library (building it first if build/ lacks it). Raises KernelsUnavailable."""
+    path = library_path()
+    if not os.path.exists(path):
+        build(path)
+    try:
+        return tf.load_op_library(path)
+    except tf.errors.NotFoundError as e:
+        raise KernelsUnavailable("TensorFlow could not load %s: %s" % (path, e.message.splitlines()[0]))
+
+
+def choose_kernels(requested, has_gpu):
+    """The --kernels to train with ("fused" or "tf") and a note for the user (None when there is nothing to say).
+    auto is fused when the library builds and loads on this CPU (no GPU kernels exist), else tf."""
+    if requested == "tf":
+        return "tf", None
+    if has_gpu:
+        return "tf", "kernels auto: TensorFlow's ops (the fused kernels are CPU kernels and a GPU is visible)"
+    try:
+        load()
+    except KernelsUnavailable as e:
+        return "tf", "kernels auto: TensorFlow's ops (the fused CPU kernels are unavailable: %s)" % e
+    return "fused", None
+
+
+def resolve_kernels(hp):
+    """Replaces hp.kernels "auto" by "fused" or "tf" (choose_kernels), printing why when it falls back."""
+    hp.kernels, note = choose_kernels(hp.kernels, bool(tf.config.list_physical_devices("GPU")))
+    if note:
+        print(note, file=sys.stderr)
+
+
+def dropout_seed():
+    """A fresh (2,) int32 seed per step from the graph's random stream (tf1.set_random_seed repeats it)."""
+    return tf.random.uniform([2], maxval=np.iinfo(np.int32).max, dtype=tf.int32)
+
+
+def residual_dropout_ln(inputs, outputs, gamma, beta, rate, epsilon=1e-6):
+    """LN(x + dropout(f)) of a post-layer-norm sublayer (Sections 3.1 and 5.4) in one kernel, forward and backward.
+
+    inputs: (..., d) float32, the sublayer's input x. outputs: (..., d) f in float32, bfloat16 or float16.
+    gamma, beta: (d,) float32. rate: the dropout rate (a Python float). Returns (..., d) float32: what
+    modules.ln(inputs + modules.dropout(outputs, rate, True)) computes, but with keep decisions of its own
+    (keep_decisions) that the backward kernel draws again instead of storing.
+    """
+    y, _, _ = load().residual_dropout_ln(inputs, outputs, gamma, beta, dropout_seed(), rate=rate, epsilon=epsilon)
+    return y
+
+
+@tf.RegisterGradient("ResidualDropoutLn")
+def _residual_dropout_ln_grad(op, dy, *_):
+    """Gradients of x, f, gamma and beta from the saved x_hat and rstd and the same seed (none for the seed)."""
+    _, x_hat, rstd = op.outputs
+    dx, df, dgamma, dbeta = load().residual_dropout_ln_grad(dy, x_hat, rstd, op.inputs[2], op.inputs[4],
+                                                            T=op.get_attr("T"), rate=op.get_attr("rate"))
+    return dx, df, dgamma, dbeta, None
+
+
+def attention_softmax_dropout(scores, biases, scale, causal, rate):
+    """The attention weights softmax(scale * scores + masks) and their dropout (Sections 3.2.1 and 5.4) in one
+    kernel, forward and backward.
+
+    scores: (N, T_q, T_k) Q K^T in float32, bfloat16 or float16. biases: (N or 1, 1, T_k) float32, MASKED_LOGIT at
+    the keys not to attend to, else 0 (modules.key_biases). scale: 1/sqrt(d_k). causal: if True, query t attends
+    only to keys <= t. rate: the dropout rate. Returns the weights (N, T_q, T_k) float32, without a gradient, and the
+    dropped-out weights (N, T_q, T_k) in the scores' dtype, with keep decisions of their own (keep_decisions).
+    """
+    attention, dropped = load().attention_softmax_dropout(scores, biases, dropout_seed(), scale=scale, rate=rate,
+                                                          causal=causal)
+    return tf.stop_gradient(attention), dropped
+
+
+@tf.RegisterGradient("AttentionSoftmaxDropout")
+def _attention_softmax_dropout_grad(op, _, d_dropped):
+    """The scores' gradient from the saved weights and the same seed (none for the biases or the seed). The weights
+    themselves are returned without a gradient: training's loss uses only the dropped-out weights."""
+    d_scores = load().attention_softmax_dropout_grad(d_dropped, op.outputs[0], op.inputs[2],
+                                                     scale=op.get_attr("scale"), rate=op.get_attr("rate"))
+    return d_scores, None, None
+
+
+def keep_decisions(seed, shape, rate):
+    """The kernels' keep decisions for a tensor of `shape`, computed with numpy: entry i (row-major) is kept when
+    the 16-bit lane i % 4 of mix(key + (i // 4 + 1) * GOLDEN) is at least round(rate * 2^16) - 2^15, with mix
+    SplitMix64's finalizer and key the two seed words. seed: two int32. Returns a bool array of `shape`."""
+    key = np.uint64((int(seed[0]) & 0xFFFFFFFF) << 32 | (int(seed[1]) & 0xFFFFFFFF))
+    words = np.arange((int(np.prod(shape)) + 3) // 4, dtype=np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        z = key + words * np.uint64(GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    draws = z.view(np.int16)[:int(np.prod(shape))]  # little-endian: lane 0 is the lowest 16 bits
+    return (draws >= int(round(rate * 2 ** 16)) - 2 ** 15).reshape(shape)
+
+
+def main():
+    """`python kernels.py`: builds the library if build/ lacks it and says whether training will use it."""
+    try:
+        load()
+    except KernelsUnavailable as e:
+        print("kernels: unavailable (%s); training runs TensorFlow's ops instead" % e)
+        return
+    print("kernels: %s" % os.path.relpath(library_path(), HERE))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""kernels.py's fused kernels against the TensorFlow ops they replace, with the same keep decisions."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kernels
+from modules import MASKED_LOGIT, ln_reference, mask_future
+
+tf1 = tf.compat.v1
+
+
+@pytest.fixture(scope="module")
+def ops():
+    try:
+        return kernels.load()
+    except kernels.KernelsUnavailable as e:  # a machine without g++: the reference path is all there is
+        pytest.skip(str(e))
+
+
+def fused_and_reference(x, f, rate, seed, dtype=tf.float32):
+    """Outputs and gradients (x, f, gamma, beta) of the fused kernel and of LN(x + f * keep / (1 - rate)) in
+    TensorFlow's ops with keep = kernels.keep_decisions(seed, ...), under the same gamma, beta and upstream
+    gradient."""
+    rng = np.random.RandomState(7)
+    gamma, beta = 1 + 0.1 * rng.randn(x.shape[-1]), 0.1 * rng.randn(x.shape[-1])
+    upstream = rng.randn(*x.shape).astype(np.float32)
+    keep = kernels.keep_decisions(seed, x.shape, rate)
+    results = []
+    for fused in (True, False):
+        with tf.Graph().as_default(), tf1.Session() as sess:
+            xs, fs = tf.constant(x), tf.constant(f, dtype)
+            with tf1.variable_scope("ln"):
+                g = tf1.get_variable("gamma", initializer=gamma.astype(np.float32))
+                b = tf1.get_variable("beta", initializer=beta.astype(np.float32))
+            if fused:
+                y, _, _ = kernels.load().residual_dropout_ln(xs, fs, g, b, tf.constant(seed, tf.int32), rate=rate,
+                                                             epsilon=1e-6)
+            else:
+                y = ln_reference(xs + tf.where(keep, tf.cast(fs, tf.float32) / (1 - rate), 0.0))
+            grads = tf.gradients(y, [xs, fs, g, b], upstream)
+            sess.run(tf1.global_variables_initializer())
+            results.append(sess.run([y] + [tf.cast(grad, tf.float32) for grad in grads]))
+    return results
+
+
+@pytest.mark.parametrize("shape,rate", [((3, 5, 16), 0.1), ((7, 33), 0.3), ((1, 2, 8), 0.0), ((130, 12), 0.5)])
+def test_residual_dropout_ln_matches_tensorflow_ops(ops, shape, rate):
+    rng = np.random.RandomState(sum(shape))
+    x, f = rng.randn(*shape).astype(np.float32), rng.randn(*shape).astype(np.float32)
+    fused, reference = fused_and_reference(x, f, rate, (12345, -678))
+    for name, a, b in zip(["y", "dx", "df", "dgamma", "dbeta"], fused, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_residual_dropout_ln_takes_16_bit_sublayer_outputs(ops):
+    rng = np.random.RandomState(3)
+    x, f = rng.randn(4, 9, 32).astype(np.float32), rng.randn(4, 9, 32).astype(np.float32)
+    for dtype in (tf.bfloat16, tf.float16):
+        fused, reference = fused_and_reference(x, f, 0.1, (1, 2), dtype)
+        for name, a, b in zip(["y", "dx", "df", "dgamma", "dbeta"], fused, reference):
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2, err_msg="%s %s" % (dtype.name, name))
+
+
+def attention_fused_and_reference(ops, scores, biases, causal, rate, seed, dtype=tf.float32):
+    """Weights, dropped-out weights and the scores' gradient of the fused kernel and of TensorFlow's ops
+    (softmax(scale * scores + biases [+ mask_future]), dropped out with keep = kernels.keep_decisions(seed, ...)),
+    under the same upstream gradient of the dropped-out weights."""
+    scale = 0.25
+    upstream = np.random.RandomState(5).randn(*scores.shape).astype(np.float32)
+    keep = kernels.keep_decisions(seed, scores.shape, rate)
+    results = []
+    for fused in (True, False):
+        with tf.Graph().as_default(), tf1.Session() as sess:
+            s = tf.constant(scores, dtype)
+            if fused:
+                attention, dropped = ops.attention_softmax_dropout(s, biases, tf.constant(seed), scale=scale,
+                                                                   rate=rate, causal=causal)
+            else:
+                logits = tf.cast(s, tf.float32) * scale + biases
+                attention = tf.nn.softmax(mask_future(logits) if causal else logits)
+                dropped = tf.where(keep, tf.cast(attention / (1 - rate), dtype), tf.zeros([], dtype))
+            grad = tf.gradients(dropped, s, tf.cast(upstream, dtype))[0]
+            results.append(sess.run([attention] + [tf.cast(t, tf.float32) for t in (dropped, grad)]))
+    return results
+
+
+@pytest.mark.parametrize("shape,causal,rate", [((6, 5, 7), False, 0.1), ((4, 9, 9), True, 0.3),
+                                               ((2, 1, 3), False, 0.0), ((3, 70, 70), True, 0.1)])
+def test_attention_softmax_dropout_matches_tensorflow_ops(ops, shape, causal, rate):
+    rng = np.random.RandomState(sum(shape))
+    scores = 4 * rng.randn(*shape).astype(np.float32)
+    padding = rng.rand(shape[0], 1, shape[2]) < 0.3
+    padding[:, :, 0] = False  # every query has a key to attend to
+    fused, reference = attention_fused_and_reference(ops, scores, np.where(padding, MASKED_LOGIT, 0).astype(np.float32),
+                                                       causal, rate, (9, -8))
+    for name, a, b in zip(["attention", "dropped", "d_scores"], fused, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_attention_softmax_dropout_takes_16_bit_scores_and_one_bias_row(ops):
+    rng = np.random.RandomState(4)
+    scores, biases = rng.randn(8, 6, 10).astype(np.float32), np.zeros((1, 1, 10), np.float32)
+    for dtype in (tf.bfloat16, tf.float16):
+        fused, reference = attention_fused_and_reference(ops, scores, biases, True, 0.1, (3, 3), dtype)
+        for name, a, b in zip(["attention", "dropped", "d_scores"], fused, reference):
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2, err_msg="%s %s" % (dtype.name, name))
+
+
+def test_keep_decisions_follow_the_rate_and_the_seed():
+    keep = kernels.keep_decisions((5, 6), (601, 333), 0.1)
+    assert abs(1 - keep.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
+    assert (keep != kernels.keep_decisions((5, 7), (601, 333), 0.1)).mean() > 0.1
+    assert kernels.keep_decisions((5, 6), (10,), 0.0).all()
+
+
+def test_gradients_are_the_same_on_every_run_and_thread_count(ops):
+    """The gain's and bias's gradients sum rows in fixed blocks, so threads do not change them."""
+    rng = np.random.RandomState(0)
+    x, f = rng.randn(300, 64).astype(np.float32), rng.randn(300, 64).astype(np.float32)
+    values = []
+    for threads in (1, 2, 2):
+        with tf.Graph().as_default(), tf1.Session(config=tf1.ConfigProto(intra_op_parallelism_threads=threads)) as s:
+            g, b = tf.ones([64]), tf.zeros([64])
+            y, _, _ = ops.residual_dropout_ln(x, f, g, b, tf.constant([3, 4]), rate=0.1, epsilon=1e-6)
+            values.append(s.run(tf.gradients(y, [g, b], tf.constant(x))))
+    for other in values[1:]:
+        for a, b in zip(values[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_unavailable_compiler_is_one_line(monkeypatch):
+    monkeypatch.setattr(kernels, "compile_command", lambda output: ["no-such-compiler-here", output])
+    with pytest.raises(kernels.KernelsUnavailable, match="could not run g"):
+        kernels.build("/nonexistent/never-written.so")
+    assert kernels.choose_kernels("tf", has_gpu=False) == ("tf", None)
+    kind, note = kernels.choose_kernels("auto", has_gpu=True)
+    assert kind == "tf" and "GPU" in note
