@@ -32,10 +32,11 @@ from textio import atomic_write, read_json  # noqa: E402
 
 #: train.py flags that may differ between a run and its candidate: where things are, when training stops (the
 #: run's steps are recorded), how often dev is decoded and checkpoints kept, how the work is spread (same
-#: batches), the seed (a repeat of the same settings) and the precision (recorded with the run).
+#: batches), the seed (a repeat of the same settings), the precision (recorded with the run) and the kernels (the same
+#: function up to rounding).
 NOT_COMPARED = ("data_dir", "logdir", "max_steps", "max_minutes", "num_epochs", "eval_every", "keep_checkpoints",
-                "summary_every", "threads", "distribute", "devices", "seed", "precision", "ckpt", "testdir",
-                "test_batch_size")
+                "summary_every", "threads", "distribute", "devices", "seed", "precision", "kernels", "ckpt",
+                "testdir", "test_batch_size")
 #: The name train.py gives the checkpoint of an epoch end that was evaluated on dev: E<epoch>_L<loss>_B<BLEU>-<step>.
 EVALUATED_CHECKPOINT = re.compile(r"^E\d+_L[^_]+_B(\d+(?:\.\d+)?)-(\d+)$")
 
