@@ -47,6 +47,44 @@ inline float exp_nonpositive(float x) {
   return x < -87.3f ? 0.0f : e * two_n;
 }
 
+// Rows [first, last) of the (N * T_q, T_k) weights p = softmax(scale * s + bias) (0 after the query when causal)
+// and of keep * p. A function of its arguments alone, so that the compiler vectorizes the loops.
+template <typename T>
+void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bias_stride, int64_t t_q, int64_t t_k,
+                  float scale, bool causal, uint64_t key, int threshold, float keep_scale, int64_t first, int64_t last,
+                  float* __restrict ps, T* __restrict ds) {
+  std::vector<float> keep(t_k), z(t_k);
+  std::vector<uint64_t> words(t_k / 4 + 2);
+  for (int64_t row = first; row < last; ++row) {
+    const int64_t at = row * t_k;
+    const float* bias = bs + (row / t_q) * bias_stride;
+    const int64_t width = causal ? std::min(t_k, row % t_q + 1) : t_k;  // keys with weight > 0 possible
+    float top = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : top)
+    for (int64_t j = 0; j < width; ++j) {
+      z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
+      top = std::max(top, z[j]);
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < width; ++j) {
+      z[j] = exp_nonpositive(z[j] - top);
+      sum += z[j];
+    }
+    const float inv = 1.0f / sum;
+    row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
+    for (int64_t j = 0; j < width; ++j) {
+      const float p = z[j] * inv;
+      ps[at + j] = p;
+      ds[at + j] = narrow<T>(p * keep[j]);
+    }
+    for (int64_t j = width; j < t_k; ++j) {
+      ps[at + j] = 0.0f;
+      ds[at + j] = narrow<T>(0.0f);
+    }
+  }
+}
+
 template <typename T>
 class AttentionSoftmaxDropoutOp : public OpKernel {
  public:
@@ -77,36 +115,7 @@ class AttentionSoftmaxDropoutOp : public OpKernel {
     const float keep_scale = 1.0f / (1.0f - rate_), scale = scale_;
     const bool causal = causal_;
     for_row_blocks(context, n * t_q, t_k, [&](int64_t, int64_t first, int64_t last) {
-      std::vector<float> keep(t_k), z(t_k);
-      std::vector<uint64_t> words(t_k / 4 + 2);
-      for (int64_t row = first; row < last; ++row) {
-        const int64_t at = row * t_k;
-        const float* bias = bs + (row / t_q) * bias_stride;
-        const int64_t width = causal ? std::min(t_k, row % t_q + 1) : t_k;  // keys with weight > 0 possible
-        float top = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : top)
-        for (int64_t j = 0; j < width; ++j) {
-          z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
-          top = std::max(top, z[j]);
-        }
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < width; ++j) {
-          z[j] = exp_nonpositive(z[j] - top);
-          sum += z[j];
-        }
-        const float inv = 1.0f / sum;
-        row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
-        for (int64_t j = 0; j < width; ++j) {
-          const float p = z[j] * inv;
-          ps[at + j] = p;
-          ds[at + j] = static_cast<T>(p * keep[j]);
-        }
-        for (int64_t j = width; j < t_k; ++j) {
-          ps[at + j] = 0.0f;
-          ds[at + j] = static_cast<T>(0.0f);
-        }
-      }
+      forward_rows(ss, bs, bias_stride, t_q, t_k, scale, causal, key, threshold, keep_scale, first, last, ps, ds);
     });
   }
 
@@ -115,7 +124,26 @@ class AttentionSoftmaxDropoutOp : public OpKernel {
   bool causal_;
 };
 
-// d_s = scale * p * (dp - sum_j p_j dp_j) with dp the gradient of the weights before dropout (keep * d_dropped).
+// Rows [first, last) of d_s = scale * p * (dp - sum_j p_j dp_j), dp = keep * d_dropped: the gradient of the
+// weights before dropout, through the softmax.
+template <typename T>
+void backward_rows(const T* __restrict dds, const float* __restrict ps, int64_t t_k, float scale, uint64_t key,
+                   int threshold, float keep_scale, int64_t first, int64_t last, T* __restrict out) {
+  std::vector<float> keep(t_k), dp(t_k);
+  std::vector<uint64_t> words(t_k / 4 + 2);
+  for (int64_t row = first; row < last; ++row) {
+    const int64_t at = row * t_k;
+    row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < t_k; ++j) {
+      dp[j] = keep[j] * static_cast<float>(dds[at + j]);
+      dot += ps[at + j] * dp[j];
+    }
+    for (int64_t j = 0; j < t_k; ++j) out[at + j] = narrow<T>(scale * ps[at + j] * (dp[j] - dot));
+  }
+}
+
 template <typename T>
 class AttentionSoftmaxDropoutGradOp : public OpKernel {
  public:
@@ -138,19 +166,7 @@ class AttentionSoftmaxDropoutGradOp : public OpKernel {
     const int threshold = keep_threshold(rate_);
     const float keep_scale = 1.0f / (1.0f - rate_), scale = scale_;
     for_row_blocks(context, rows, t_k, [&](int64_t, int64_t first, int64_t last) {
-      std::vector<float> keep(t_k), dp(t_k);
-      std::vector<uint64_t> words(t_k / 4 + 2);
-      for (int64_t row = first; row < last; ++row) {
-        const int64_t at = row * t_k;
-        row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < t_k; ++j) {
-          dp[j] = keep[j] * static_cast<float>(dds[at + j]);
-          dot += ps[at + j] * dp[j];
-        }
-        for (int64_t j = 0; j < t_k; ++j) out[at + j] = static_cast<T>(scale * ps[at + j] * (dp[j] - dot));
-      }
+      backward_rows(dds, ps, t_k, scale, key, threshold, keep_scale, first, last, out);
     });
   }
 

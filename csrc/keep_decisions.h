@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/util/work_sharder.h"
 
 namespace nmt {
 
@@ -33,8 +35,9 @@ inline void row_keep_scales(uint64_t key, int64_t start, int64_t d, int threshol
                             float* out) {
   const int64_t first = start >> 2, last = (start + d - 1) >> 2;
   for (int64_t w = first; w <= last; ++w) words[w - first] = mix(key + (static_cast<uint64_t>(w) + 1) * GOLDEN);
-  // lane k of a word is its k-th int16 in memory on a little-endian CPU
-  const int16_t* draws = reinterpret_cast<const int16_t*>(words) + (start - 4 * first);
+  // lane k of a word is its k-th int16 in memory on a little-endian CPU (read through a type that may alias it)
+  typedef int16_t __attribute__((may_alias)) lane_t;
+  const lane_t* draws = reinterpret_cast<const lane_t*>(words) + (start - 4 * first);
   for (int64_t j = 0; j < d; ++j) out[j] = draws[j] >= threshold ? scale : 0.0f;
 }
 
@@ -45,12 +48,27 @@ inline uint64_t seed_key(const Tensor& seed) {
 
 inline int keep_threshold(float rate) { return static_cast<int>(std::lround(rate * 65536.0)) - 32768; }
 
-// Rows of a (..., d) tensor are processed by the session's intra-op threads, BLOCK_ROWS at a time.
+// float -> the kernel's 16- or 32-bit float type. For bfloat16, rounding to nearest even without the NaN branch of
+// Eigen's conversion, so that the loops storing it vectorize (the values converted here are finite).
+template <typename T>
+inline T narrow(float x) {
+  return static_cast<T>(x);
+}
+template <>
+inline Eigen::bfloat16 narrow<Eigen::bfloat16>(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return Eigen::numext::bit_cast<Eigen::bfloat16>(static_cast<uint16_t>(bits >> 16));
+}
+
+// Rows of a (..., d) tensor are processed BLOCK_ROWS at a time by the session's intra-op threads, as many as it
+// allows (Shard runs the blocks on the calling thread when that is one).
 template <typename F>
 void for_row_blocks(OpKernelContext* context, int64_t rows, int64_t d, F body) {
   const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-  auto* workers = context->device()->tensorflow_cpu_worker_threads()->workers;
-  workers->ParallelFor(blocks, BLOCK_ROWS * d * 20, [&](int64_t first, int64_t last) {
+  const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
+  tensorflow::Shard(threads.num_threads, threads.workers, blocks, BLOCK_ROWS * d * 20, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) body(b, b * BLOCK_ROWS, std::min(rows, (b + 1) * BLOCK_ROWS));
   });
 }

@@ -25,6 +25,38 @@ using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 using namespace nmt;  // NOLINT: keep_decisions.h
 
+// Rows [first, last) of y = LN(x + keep * f): also x_hat and 1/std per row for the backward pass. A function of
+// its arguments alone (no captures), so that the compiler keeps every scalar in a register and vectorizes the loops.
+template <typename T>
+void forward_rows(const float* __restrict xs, const T* __restrict fs, const float* __restrict g,
+                  const float* __restrict b, int64_t d, uint64_t key, int threshold, float scale, float epsilon,
+                  int64_t first, int64_t last, float* __restrict ys, float* __restrict hats,
+                  float* __restrict rstds) {
+  std::vector<float> keep(d), r(d);
+  std::vector<uint64_t> words(d / 4 + 2);
+  for (int64_t row = first; row < last; ++row) {
+    const int64_t at = row * d;
+    row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < d; ++j) {
+      r[j] = xs[at + j] + keep[j] * static_cast<float>(fs[at + j]);
+      sum += r[j];
+    }
+    const float mean = sum / d;
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t j = 0; j < d; ++j) squares += (r[j] - mean) * (r[j] - mean);
+    const float inv = 1.0f / std::sqrt(squares / d + epsilon);
+    rstds[row] = inv;
+    for (int64_t j = 0; j < d; ++j) {
+      const float hat = (r[j] - mean) * inv;
+      hats[at + j] = hat;
+      ys[at + j] = hat * g[j] + b[j];
+    }
+  }
+}
+
 template <typename T>
 class ResidualDropoutLnOp : public OpKernel {
  public:
@@ -62,35 +94,45 @@ class ResidualDropoutLnOp : public OpKernel {
     const float scale = 1.0f / (1.0f - rate_);
     const float epsilon = epsilon_;
     for_row_blocks(context, rows, d, [&](int64_t, int64_t first, int64_t last) {
-      std::vector<float> keep(d), r(d);
-      std::vector<uint64_t> words(d / 4 + 2);
-      for (int64_t row = first; row < last; ++row) {
-        const int64_t at = row * d;
-        row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < d; ++j) {
-          r[j] = xs[at + j] + keep[j] * static_cast<float>(fs[at + j]);
-          sum += r[j];
-        }
-        const float mean = sum / d;
-        float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-        for (int64_t j = 0; j < d; ++j) squares += (r[j] - mean) * (r[j] - mean);
-        const float inv = 1.0f / std::sqrt(squares / d + epsilon);
-        rstds[row] = inv;
-        for (int64_t j = 0; j < d; ++j) {
-          const float hat = (r[j] - mean) * inv;
-          hats[at + j] = hat;
-          ys[at + j] = hat * g[j] + b[j];
-        }
-      }
+      forward_rows(xs, fs, g, b, d, key, threshold, scale, epsilon, first, last, ys, hats, rstds);
     });
   }
 
  private:
   float rate_, epsilon_;
 };
+
+// Rows [first, last) of the gradients dx and df = keep * dx, from dy, x_hat and 1/std: dx = rstd (G - mean(G) -
+// x_hat mean(G x_hat)) with G = dy gamma. block_sums: (2, d), set to these rows' sums of dy x_hat and of dy.
+template <typename T>
+void backward_rows(const float* __restrict dys, const float* __restrict hats, const float* __restrict rstds,
+                   const float* __restrict g, int64_t d, uint64_t key, int threshold, float scale, int64_t first,
+                   int64_t last, float* __restrict dxs, T* __restrict dfs, float* __restrict block_sums) {
+  std::vector<float> keep(d), gg(d);
+  std::vector<uint64_t> words(d / 4 + 2);
+  float* __restrict gamma_sums = block_sums;
+  float* __restrict beta_sums = block_sums + d;
+  std::fill(block_sums, block_sums + 2 * d, 0.0f);
+  for (int64_t row = first; row < last; ++row) {
+    const int64_t at = row * d;
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int64_t j = 0; j < d; ++j) {
+      gg[j] = dys[at + j] * g[j];
+      sum_g += gg[j];
+      sum_gx += gg[j] * hats[at + j];
+      gamma_sums[j] += dys[at + j] * hats[at + j];
+      beta_sums[j] += dys[at + j];
+    }
+    const float mean_g = sum_g / d, mean_gx = sum_gx / d, inv = rstds[row];
+    row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
+    for (int64_t j = 0; j < d; ++j) {
+      const float grad = inv * (gg[j] - mean_g - hats[at + j] * mean_gx);
+      dxs[at + j] = grad;
+      dfs[at + j] = narrow<T>(keep[j] * grad);
+    }
+  }
+}
 
 template <typename T>
 class ResidualDropoutLnGradOp : public OpKernel {
@@ -125,30 +167,7 @@ class ResidualDropoutLnGradOp : public OpKernel {
     const int threshold = keep_threshold(rate_);
     const float scale = 1.0f / (1.0f - rate_);
     for_row_blocks(context, rows, d, [&](int64_t block, int64_t first, int64_t last) {
-      std::vector<float> keep(d), gg(d);
-      std::vector<uint64_t> words(d / 4 + 2);
-      float* gamma_sums = sums + block * 2 * d;
-      float* beta_sums = gamma_sums + d;
-      std::fill(gamma_sums, gamma_sums + 2 * d, 0.0f);
-      for (int64_t row = first; row < last; ++row) {
-        const int64_t at = row * d;
-        float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-        for (int64_t j = 0; j < d; ++j) {
-          gg[j] = dys[at + j] * g[j];
-          sum_g += gg[j];
-          sum_gx += gg[j] * hats[at + j];
-          gamma_sums[j] += dys[at + j] * hats[at + j];
-          beta_sums[j] += dys[at + j];
-        }
-        const float mean_g = sum_g / d, mean_gx = sum_gx / d, inv = rstds[row];
-        row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
-        for (int64_t j = 0; j < d; ++j) {
-          const float grad = inv * (gg[j] - mean_g - hats[at + j] * mean_gx);
-          dxs[at + j] = grad;
-          dfs[at + j] = static_cast<T>(keep[j] * grad);
-        }
-      }
+      backward_rows(dys, hats, rstds, g, d, key, threshold, scale, first, last, dxs, dfs, sums + block * 2 * d);
     });
     float* dgammas = dgamma->flat<float>().data();
     float* dbetas = dbeta->flat<float>().data();
