@@ -55,10 +55,15 @@ void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bi
                   float* __restrict ps, T* __restrict ds) {
   std::vector<float> keep(t_k), z(t_k);
   std::vector<uint64_t> words(t_k / 4 + 2);
-  for (int64_t row = first; row < last; ++row) {
+  int64_t query = first % t_q;  // row = (batch entry) * t_q + query
+  const float* bias = bs + (first / t_q) * bias_stride;
+  for (int64_t row = first; row < last; ++row, ++query) {
+    if (query == t_q) {
+      query = 0;
+      bias += bias_stride;
+    }
     const int64_t at = row * t_k;
-    const float* bias = bs + (row / t_q) * bias_stride;
-    const int64_t width = causal ? std::min(t_k, row % t_q + 1) : t_k;  // keys with weight > 0 possible
+    const int64_t width = causal ? std::min(t_k, query + 1) : t_k;  // keys with weight > 0 possible
     float top = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : top)
     for (int64_t j = 0; j < width; ++j) {
