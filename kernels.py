@@ -4,12 +4,13 @@ each, where TensorFlow runs one op, and one pass, per operation.
     ops = kernels.load()                           # builds the library with g++ on first use; KernelsUnavailable
     y = residual_dropout_ln(x, f, gamma, beta, rate, epsilon)   # LN(x + dropout(f)), its gradient fused too
     attention, dropped = attention_softmax_dropout(s, biases, scale, causal, rate)   # softmax and its dropout
+    losses, probs = smoothed_cross_entropy(logits, labels, logit_means, epsilon)   # the output layer's loss
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
 under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
-Building takes about 30 s. modules.sublayer_output and modules.scaled_dot_product_attention use these kernels in
-training when the model's config says "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they
-replace stay the reference that tests/test_kernels.py holds them to.
+Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention and loss.output_loss use
+these kernels in training when the model's config says "fused" (--kernels, resolved by resolve_kernels); the
+TensorFlow ops they replace stay the reference that tests/test_kernels.py holds them to.
 """
 import functools
 import glob
@@ -24,8 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, "csrc", name) for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc")]
-HEADERS = [os.path.join(HERE, "csrc", "keep_decisions.h")]
+SOURCES = [os.path.join(HERE, "csrc", name)
+           for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc")]
+HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
 
@@ -150,6 +152,16 @@ def _attention_softmax_dropout_grad(op, _, d_dropped):
     d_scores = load().attention_softmax_dropout_grad(d_dropped, op.outputs[0], op.inputs[2],
                                                      scale=op.get_attr("scale"), rate=op.get_attr("rate"))
     return d_scores, None, None
+
+
+def smoothed_cross_entropy(logits, labels, logit_means, epsilon):
+    """loss.smoothed_cross_entropy in one kernel that reads the logits in their own dtype (Section 5.4).
+
+    logits: (M, V) float32, bfloat16 or float16. labels: (M,) int32. logit_means: (M,) float32, each row's mean
+    logit. Returns losses (M,) float32 and p = softmax(logits) (M, V) in the logits' dtype. No gradient: the
+    caller (loss.output_loss) applies p in its own gradient.
+    """
+    return load().smoothed_cross_entropy(logits, labels, logit_means, epsilon=epsilon)
 
 
 def keep_decisions(seed, shape, rate):

@@ -5,6 +5,8 @@ rows, one softmax per chunk, and the one-hot and uniform parts of the gradient a
 """
 import tensorflow as tf
 
+import kernels
+
 
 def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
     """Cross entropy against q = label_smoothing(one_hot(labels)) from one softmax, building no (M, V) targets.
@@ -26,7 +28,7 @@ def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
     return losses, probs
 
 
-def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256):
+def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256, fused_kernels=False):
     """Summed smoothed_cross_entropy of the output logits hidden @ embeddings^T (Sections 3.4 and 5.4), computed
     chunk_rows rows at a time together with its gradient.
 
@@ -41,7 +43,8 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
     the sum.
     hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V, d_model) float32,
     the output projection W. labels: (M,) int32. dtype: of the matrix products (bfloat16 or float16 for mixed
-    precision). Returns the sum of the M losses, a float32 scalar.
+    precision). fused_kernels: with a 16-bit dtype, each chunk's softmax and losses in one kernel that reads the
+    logits in dtype (kernels.smoothed_cross_entropy). Returns the sum of the M losses, a float32 scalar.
     """
     d_model = hidden.shape[-1]
     rows = tf.shape(hidden)[0]
@@ -57,10 +60,14 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
 
         def body(start, total, hidden_grads, embedding_grads):  # hidden_grads: one (chunk_rows, d_model) per chunk
             chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
-            logits = tf.cast(tf.matmul(chunk, weights, transpose_b=True), tf.float32)  # (chunk_rows, V)
-            losses, probs = smoothed_cross_entropy(logits, labels[start:start + chunk_rows],
-                                                   logit_means[start:start + chunk_rows], epsilon)
-            probs = tf.cast(probs, dtype)
+            logits = tf.matmul(chunk, weights, transpose_b=True)  # (chunk_rows, V) in dtype
+            chunk_labels, chunk_means = labels[start:start + chunk_rows], logit_means[start:start + chunk_rows]
+            if fused_kernels and dtype != tf.float32:  # in float32, oneDNN's softmax is as fast without casts
+                losses, probs = kernels.smoothed_cross_entropy(logits, chunk_labels, chunk_means, epsilon)
+            else:
+                losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32), chunk_labels, chunk_means,
+                                                       epsilon)
+                probs = tf.cast(probs, dtype)  # (chunk_rows, V)
             chunk_grads = tf.cast(tf.matmul(probs, weights), tf.float32)  # (chunk_rows, d_model)
             embedding_grads += tf.cast(tf.matmul(probs, chunk, transpose_a=True), tf.float32)  # (V, d_model)
             total += tf.reduce_sum(tf.where(real_rows[start:start + chunk_rows], losses, 0.0))

@@ -50,7 +50,7 @@ class ModelConfig:
     norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
     smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
     precision: str = "fp32"    # "fp32", "bf16" or "fp16": the dtype of the matrix products (COMPUTE_DTYPES)
-    kernels: str = "tf"        # "fused": training's residual + layer norm by kernels.py (same function), or "tf"
+    kernels: str = "tf"        # "fused": training's attention softmax, residual + layer norm and loss by kernels.py
 
     @classmethod
     def from_flags(cls, hp):
@@ -162,7 +162,8 @@ class Transformer:
         dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)  # (N, T2, d_model)
         nonpadding = tf.not_equal(y, PAD_ID)  # (N, T2)
         loss_sum = output_loss(tf.boolean_mask(dec, nonpadding), self.embeddings,  # (M, d_model): M non-pad tokens
-                               tf.boolean_mask(y, nonpadding), self.config.smoothing, self.dtype)
+                               tf.boolean_mask(y, nonpadding), self.config.smoothing, self.dtype,
+                               fused_kernels=self.fused_kernels)
         return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
 
     # ---------------------------------------------------------------- one position at a time, for decoding.py

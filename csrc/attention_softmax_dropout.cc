@@ -5,7 +5,7 @@
 // s: (N, T_q, T_k) the products Q K^T, in float32 or a 16-bit float; the masks: (N or 1, 1, T_k) float32 biases
 // (modules.key_biases) and, for the decoder's self-attention, keys after their query, which get weight 0 (as their
 // MASKED_LOGIT does in modules.mask_future). The keep decisions are drawn again by the backward kernel from the
-// step's seed (keep_decisions.h). kernels.py builds this file; tests/test_kernels.py holds it to TensorFlow's ops.
+// step's seed (common.h). kernels.py builds this file; tests/test_kernels.py holds it to TensorFlow's ops.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "keep_decisions.h"
+#include "common.h"
 
 namespace {
 
@@ -26,26 +26,7 @@ using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::shape_inference::InferenceContext;
-using namespace nmt;  // NOLINT: keep_decisions.h
-
-// exp(x) for x <= 0 in a form the compiler vectorizes: 2^n exp(r) with n = round(x / ln 2), |r| <= ln 2 / 2, and
-// Cephes' degree-5 polynomial for exp(r) (about 1 ulp); 0 below -87.3, where float32's exp leaves normal numbers.
-inline float exp_nonpositive(float x) {
-  const float clamped = x < -87.3f ? -87.3f : x;
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return x < -87.3f ? 0.0f : e * two_n;
-}
+using namespace nmt;  // NOLINT: common.h
 
 // Rows [first, last) of the (N * T_q, T_k) weights p = softmax(scale * s + bias) (0 after the query when causal)
 // and of keep * p. A function of its arguments alone, so that the compiler vectorizes the loops.
@@ -68,7 +49,7 @@ void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bi
 #pragma omp simd reduction(max : top)
     for (int64_t j = 0; j < width; ++j) {
       z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
-      top = std::max(top, z[j]);
+      top = z[j] > top ? z[j] : top;  // (std::max does not vectorize here)
     }
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

@@ -1,7 +1,7 @@
 // LN(x + dropout(f)): a post-layer-norm sublayer's residual connection (Section 3.1) with residual dropout
 // (Section 5.4), forward and backward, one pass over each row instead of TensorFlow's dozen elementwise ops.
 //
-// The keep decisions are not stored: both kernels draw them again from the step's seed (keep_decisions.h).
+// The keep decisions are not stored: both kernels draw them again from the step's seed (common.h).
 // kernels.py builds this file; tests/test_kernels.py holds it to the same formulas computed by TensorFlow's ops
 // with the decisions drawn by numpy.
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "keep_decisions.h"
+#include "common.h"
 
 namespace {
 
@@ -23,7 +23,7 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
-using namespace nmt;  // NOLINT: keep_decisions.h
+using namespace nmt;  // NOLINT: common.h
 
 // Rows [first, last) of y = LN(x + keep * f): also x_hat and 1/std per row for the backward pass. A function of
 // its arguments alone (no captures), so that the compiler keeps every scalar in a register and vectorizes the loops.

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import kernels
+from loss import smoothed_cross_entropy
 from modules import MASKED_LOGIT, ln_reference, mask_future
 
 tf1 = tf.compat.v1
@@ -104,6 +105,30 @@ def test_attention_softmax_dropout_takes_16_bit_scores_and_one_bias_row(ops):
         fused, reference = attention_fused_and_reference(ops, scores, biases, True, 0.1, (3, 3), dtype)
         for name, a, b in zip(["attention", "dropped", "d_scores"], fused, reference):
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2, err_msg="%s %s" % (dtype.name, name))
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(tf.float32, 1e-5), (tf.bfloat16, 2e-2)])
+def test_smoothed_cross_entropy_matches_tensorflow_ops(ops, dtype, tolerance):
+    rng = np.random.RandomState(11)
+    logits = 5 * rng.randn(37, 301).astype(np.float32)
+    logits[3, 7] = 200.0  # a row whose other tokens underflow: loss capped, softmax exactly one-hot
+    labels = rng.randint(0, 301, size=37).astype(np.int32)
+    labels[3] = 8
+    means = logits.mean(axis=1)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        z = tf.cast(tf.constant(logits), dtype)
+        fused = ops.smoothed_cross_entropy(z, labels, means, epsilon=0.2)
+        reference = smoothed_cross_entropy(tf.cast(z, tf.float32), labels, means, epsilon=0.2)
+        (losses, probs), (ref_losses, ref_probs) = sess.run([[fused[0], tf.cast(fused[1], tf.float32)], reference])
+    np.testing.assert_allclose(losses, ref_losses, rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(probs, ref_probs, rtol=tolerance, atol=1e-6)
+    assert losses[3] > 80  # -log(1e-37) = 85.2 less the smoothing term
+
+
+def test_smoothed_cross_entropy_rejects_a_label_outside_the_vocabulary(ops):
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+            sess.run(ops.smoothed_cross_entropy(tf.zeros([2, 5]), [1, 5], [0.0, 0.0], epsilon=0.1))
 
 
 def test_keep_decisions_follow_the_rate_and_the_seed():

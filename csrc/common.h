@@ -1,11 +1,11 @@
 // What the toolkit's kernels share: the keep decisions of their dropout, drawn again from a step's seed instead of
-// stored, and the split of a tensor's rows over the session's intra-op threads.
+// stored; an exp that vectorizes; the conversion to 16-bit floats; the split of rows over the intra-op threads.
 //
 // Entry i of a tensor (row-major) is kept when the 16-bit lane (i % 4) of mix(key + (i / 4 + 1) * GOLDEN) is
 // >= threshold (mix: SplitMix64's finalizer; key: the two int32 seed words; threshold: round(rate * 2^16) - 2^15).
 // kernels.keep_decisions computes the same with numpy for the tests.
-#ifndef NMT_CSRC_KEEP_DECISIONS_H_
-#define NMT_CSRC_KEEP_DECISIONS_H_
+#ifndef NMT_CSRC_COMMON_H_
+#define NMT_CSRC_COMMON_H_
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +48,25 @@ inline uint64_t seed_key(const Tensor& seed) {
 
 inline int keep_threshold(float rate) { return static_cast<int>(std::lround(rate * 65536.0)) - 32768; }
 
+// exp(x) for x <= 0 in a form the compiler vectorizes: 2^n exp(r) with n = round(x / ln 2), |r| <= ln 2 / 2, and
+// Cephes' degree-5 polynomial for exp(r) (about 1 ulp); 0 below -87.3, where float32's exp leaves normal numbers.
+inline float exp_nonpositive(float x) {
+  const float clamped = x < -87.3f ? -87.3f : x;
+  const float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded by adding 1.5 * 2^23
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.3f ? 0.0f : e * two_n;
+}
+
 // float -> the kernel's 16- or 32-bit float type. For bfloat16, rounding to nearest even without the NaN branch of
 // Eigen's conversion, so that the loops storing it vectorize (the values converted here are finite).
 template <typename T>
@@ -75,4 +94,4 @@ void for_row_blocks(OpKernelContext* context, int64_t rows, int64_t d, F body) {
 
 }  // namespace nmt
 
-#endif  // NMT_CSRC_KEEP_DECISIONS_H_
+#endif  // NMT_CSRC_COMMON_H_
