@@ -5,7 +5,8 @@
 Reports real (non-pad) source and target tokens/s (median over the timed steps, after warm-up; for the target
 side also the mean, total tokens over total time), the padding fraction, step time, graph build time, peak RSS,
 model FLOPs per step counted from the model's shapes, and their ratio to a 2048x2048 fp32 matmul's FLOP/s
-measured here (mfu). The last line is one JSON object.
+measured here (mfu); with bf16 or fp16 products also the same matmul in that dtype and the ratio to it (mfu_bf16).
+The last line is one JSON object.
 
 The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
 ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
@@ -36,15 +37,16 @@ from errors import UserError, run_cli  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
+from model import COMPUTE_DTYPES  # noqa: E402
 
 tf1 = tf.compat.v1
 
 
-def matmul_gflops(config, n=2048, repeats=10):
-    """Median FLOP/s of an n x n fp32 matmul in a session with the given config, in GFLOP/s."""
+def matmul_gflops(config, n=2048, repeats=10, dtype=tf.float32):
+    """Median FLOP/s of an n x n matmul in dtype in a session with the given config, in GFLOP/s."""
     with tf.Graph().as_default():
-        a = tf1.get_variable("a", [n, n], initializer=tf1.random_normal_initializer())
-        product = tf.reduce_sum(tf.matmul(a, a))
+        a = tf.cast(tf1.get_variable("a", [n, n], initializer=tf1.random_normal_initializer()), dtype)
+        product = tf.reduce_sum(tf.cast(tf.matmul(a, a), tf.float32))
         with tf1.Session(config=config) as sess:
             sess.run(tf1.global_variables_initializer())
             sess.run(product)
@@ -83,6 +85,15 @@ def profile_ops(sess, fetches, steps):
             for node in device.node_stats:
                 totals[op_type(node)] += node.all_end_rel_micros / 1000 / steps
     return {op: round(ms, 2) for op, ms in totals.most_common()}
+
+
+def same_dtype_mfu(hp, config, model_gflops):
+    """With 16-bit matrix products: the 2048^2 matmul in that dtype here and the model's share of it."""
+    if hp.precision == "fp32":
+        return {}
+    matmul = matmul_gflops(config, dtype=COMPUTE_DTYPES[hp.precision])
+    return {"matmul_%s_gflops_per_s" % hp.precision: round(matmul, 1),
+            "mfu_%s" % hp.precision: round(model_gflops / matmul, 3)}
 
 
 def matmul_share(profile):
@@ -164,6 +175,7 @@ def main(argv=None):
         "model_gflops_per_s": round(model_gflops, 1),
         "matmul_gflops_per_s": round(matmul, 1),
         "mfu": round(model_gflops / matmul, 3),
+        **same_dtype_mfu(hp, config, model_gflops),
         "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
         **runtime.machine_summary(), "onednn_isa": runtime.onednn_isa(),
