@@ -20,13 +20,7 @@
 
 namespace {
 
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::shape_inference::InferenceContext;
-using namespace nmt;  // NOLINT: common.h
+using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
 // Rows [first, last) of the (N * T_q, T_k) weights p = softmax(scale * s + bias) (0 after the query when causal)
 // and of keep * p. A function of its arguments alone, so that the compiler vectorizes the loops.

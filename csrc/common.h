@@ -13,12 +13,19 @@
 #include <cstring>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace nmt {
 
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
 
 constexpr uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL;
 constexpr int64_t BLOCK_ROWS = 64;  // rows per task of the threads, and per partial sum where a kernel reduces over rows

@@ -15,15 +15,7 @@
 
 namespace {
 
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
-using namespace nmt;  // NOLINT: common.h
+using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
 // Rows [first, last) of y = LN(x + keep * f): also x_hat and 1/std per row for the backward pass. A function of
 // its arguments alone (no captures), so that the compiler keeps every scalar in a register and vectorizes the loops.

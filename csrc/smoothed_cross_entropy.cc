@@ -18,14 +18,7 @@
 
 namespace {
 
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::shape_inference::InferenceContext;
-using namespace nmt;  // NOLINT: common.h
+using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
 // Rows [first, last) of the (M, V) logits: their softmax p (in T) and losses. A function of its arguments alone,
 // so that the compiler vectorizes the loops.
