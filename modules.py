@@ -9,7 +9,7 @@ Shapes: N batch, T_q / T_k query / key lengths, d_model hidden size, h heads, V 
 import numpy as np
 import tensorflow as tf
 
-from kernels import attention_softmax_dropout, residual_dropout_ln
+from kernels import attention_softmax_dropout, dropout_seed, residual_dropout_ln
 
 tf1 = tf.compat.v1
 
@@ -83,7 +83,7 @@ def dropout(inputs, rate, training):
     if not training or rate == 0:
         return inputs
     size = tf.size(inputs)
-    seed = tf.random.uniform([2], maxval=np.iinfo(np.int32).max, dtype=tf.int32)
+    seed = dropout_seed()
     words = tf.random.stateless_uniform([(size + 3) // 4], seed, minval=None, maxval=None, dtype=tf.uint64)
     draws = tf.reshape(tf.bitcast(words, tf.int16), [-1])[:size]  # (4 * words,) uniform over [-2^15, 2^15)
     keep = tf.reshape(draws, tf.shape(inputs)) >= int(round(rate * 2 ** 16)) - 2 ** 15
