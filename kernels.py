@@ -116,42 +116,18 @@ def residual_dropout_ln(inputs, outputs, gamma, beta, rate, epsilon=1e-6):
     inputs: (..., d) float32, the sublayer's input x. outputs: (..., d) f in float32, bfloat16 or float16.
     gamma, beta: (d,) float32. rate: the dropout rate (a Python float). Returns (..., d) float32: what
     modules.ln(inputs + modules.dropout(outputs, rate, True)) computes, but with keep decisions of its own
-    (keep_decisions) that the backward kernel draws again instead of storing. The kernel also outputs the result in
-    f's dtype, which product_copy finds for the next matrix product (a 16-bit copy, or y's own buffer in float32).
+    (keep_decisions) that the backward kernel draws again instead of storing.
     """
-    y, _, _, _ = load().residual_dropout_ln(inputs, outputs, gamma, beta, dropout_seed(), rate=rate,
-                                            epsilon=epsilon)
+    y, _, _ = load().residual_dropout_ln(inputs, outputs, gamma, beta, dropout_seed(), rate=rate, epsilon=epsilon)
     return y
 
 
-def product_copy(tensor, dtype):
-    """The output of residual_dropout_ln that holds tensor (its float32 result) in the products' dtype, or None when
-    another op made tensor or dtype is another. A product that reads it instead of tensor needs no cast, and its
-    gradient reaches the backward kernel apart from the residual path's, which sums them in its own pass."""
-    op = tensor.op
-    if op.type == "ResidualDropoutLn" and tensor.value_index == 0 and op.outputs[3].dtype == dtype:
-        return op.outputs[3]
-    return None
-
-
-def _used(grad):
-    """Whether an output's incoming gradient is worth reading: for an output that nothing differentiated uses,
-    tf.gradients passes None or ZerosLike (where the shape is only known at run time, as in training; a zeros
-    constant of a static shape is read like any gradient)."""
-    return grad is not None and grad.op.type != "ZerosLike"
-
-
 @tf.RegisterGradient("ResidualDropoutLn")
-def _residual_dropout_ln_grad(op, dy, _, __, dy_product):
-    """Gradients of x, f, gamma and beta from the saved x_hat and rstd and the same seed (none for the seed). The
-    gradients of y and of its copy for the products are summed in the kernel; one that nothing used is passed
-    empty."""
-    dtype = op.get_attr("T")
-    dy = dy if _used(dy) else tf.zeros([0], tf.float32)
-    dy_product = dy_product if _used(dy_product) else tf.zeros([0], dtype)
-    _, x_hat, rstd, _ = op.outputs
-    dx, df, dgamma, dbeta = load().residual_dropout_ln_grad(dy, dy_product, x_hat, rstd, op.inputs[2], op.inputs[4],
-                                                            rate=op.get_attr("rate"))
+def _residual_dropout_ln_grad(op, dy, *_):
+    """Gradients of x, f, gamma and beta from the saved x_hat and rstd and the same seed (none for the seed)."""
+    _, x_hat, rstd = op.outputs
+    dx, df, dgamma, dbeta = load().residual_dropout_ln_grad(dy, x_hat, rstd, op.inputs[2], op.inputs[4],
+                                                            T=op.get_attr("T"), rate=op.get_attr("rate"))
     return dx, df, dgamma, dbeta, None
 
 

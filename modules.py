@@ -9,7 +9,7 @@ Shapes: N batch, T_q / T_k query / key lengths, d_model hidden size, h heads, V 
 import numpy as np
 import tensorflow as tf
 
-from kernels import attention_softmax_dropout, dropout_seed, product_copy, residual_dropout_ln
+from kernels import attention_softmax_dropout, dropout_seed, residual_dropout_ln
 
 tf1 = tf.compat.v1
 
@@ -29,21 +29,13 @@ def affine(inputs, kernel, bias, dtype=tf.float32):
     """inputs @ kernel + bias over the last axis. inputs: (..., d_in), any float dtype. kernel: (d_in, units).
     bias: (units,). dtype: of the product and the outputs (kernel and bias are cast to it). Returns (..., units)."""
     d_in, units = kernel.shape[0], kernel.shape[1]
-    inputs = in_dtype(inputs, dtype)
     rows = inputs if inputs.shape.rank == 2 else tf.reshape(inputs, [-1, d_in])  # (N*T, d_in)
-    outputs = tf.matmul(rows, tf.cast(kernel, dtype))  # (N*T, units)
+    outputs = tf.matmul(tf.cast(rows, dtype), tf.cast(kernel, dtype))  # (N*T, units)
     # BiasAdd, not a broadcasting add: oneDNN fuses it into the matmul, and its gradient is one op
     outputs = tf.nn.bias_add(outputs, tf.cast(bias, dtype))
     if inputs.shape.rank == 2:  # no reshapes: the decoding loop runs on (N, d_model) rows, a few ops count there
         return outputs
     return tf.reshape(outputs, tf.concat([tf.shape(inputs)[:-1], [units]], 0))  # (..., units)
-
-
-def in_dtype(inputs, dtype):
-    """inputs in dtype: the output a fused layer-norm kernel wrote for the products beside its float32 result
-    (kernels.product_copy), else a cast (none if inputs are in dtype already)."""
-    copy = product_copy(inputs, dtype)
-    return tf.cast(inputs, dtype) if copy is None else copy
 
 
 def dense(inputs, units, scope="dense", dtype=tf.float32):

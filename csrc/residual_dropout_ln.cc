@@ -1,15 +1,11 @@
 // LN(x + dropout(f)): a post-layer-norm sublayer's residual connection (Section 3.1) with residual dropout
 // (Section 5.4), forward and backward, one pass over each row instead of TensorFlow's dozen elementwise ops.
 //
-// The keep decisions are not stored: both kernels draw them again from the step's seed (common.h). The forward
-// kernel also outputs y in the dtype of the matrix products (f's; a 16-bit copy, or y's own buffer in float32), which
-// the next sublayer's projections read instead of a cast of y; the backward kernel sums the gradients of y and of
-// that output, where TensorFlow would cast one and add them in two more passes.
+// The keep decisions are not stored: both kernels draw them again from the step's seed (common.h).
 // kernels.py builds this file; tests/test_kernels.py holds it to the same formulas computed by TensorFlow's ops
 // with the decisions drawn by numpy.
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -21,13 +17,12 @@ namespace {
 
 using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
-// Rows [first, last) of y = LN(x + keep * f), and of y in T (products) unless T is float: also x_hat and 1/std per
-// row for the backward pass. A function of its arguments alone (no captures), so that the compiler keeps every
-// scalar in a register and vectorizes the loops.
+// Rows [first, last) of y = LN(x + keep * f): also x_hat and 1/std per row for the backward pass. A function of
+// its arguments alone (no captures), so that the compiler keeps every scalar in a register and vectorizes the loops.
 template <typename T>
 void forward_rows(const float* __restrict xs, const T* __restrict fs, const float* __restrict g,
                   const float* __restrict b, int64_t d, uint64_t key, int threshold, float scale, float epsilon,
-                  int64_t first, int64_t last, float* __restrict ys, T* __restrict products, float* __restrict hats,
+                  int64_t first, int64_t last, float* __restrict ys, float* __restrict hats,
                   float* __restrict rstds) {
   std::vector<float> keep(d), r(d);
   std::vector<uint64_t> words(d / 4 + 2);
@@ -50,9 +45,6 @@ void forward_rows(const float* __restrict xs, const T* __restrict fs, const floa
       const float hat = (r[j] - mean) * inv;
       hats[at + j] = hat;
       ys[at + j] = hat * g[j] + b[j];
-    }
-    if (!std::is_same<T, float>::value) {
-      for (int64_t j = 0; j < d; ++j) products[at + j] = narrow<T>(ys[at + j]);
     }
   }
 }
@@ -77,23 +69,16 @@ class ResidualDropoutLnOp : public OpKernel {
                 absl::InvalidArgumentError("gamma and beta must have d entries"));
     TensorShape row_shape = x.shape();
     row_shape.RemoveLastDims(1);
-    Tensor *y, *x_hat, *rstd, *y_product;
+    Tensor *y, *x_hat, *rstd;
     OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
     OP_REQUIRES_OK(context, context->allocate_output(1, x.shape(), &x_hat));
     OP_REQUIRES_OK(context, context->allocate_output(2, row_shape, &rstd));
-    if (std::is_same<T, float>::value) {
-      context->set_output(3, *y);  // float32 products read y itself
-      y_product = y;
-    } else {
-      OP_REQUIRES_OK(context, context->allocate_output(3, x.shape(), &y_product));
-    }
     const int64_t rows = d == 0 ? 0 : x.NumElements() / d;
     const float* xs = x.flat<float>().data();
     const T* fs = f.flat<T>().data();
     const float* g = gamma.flat<float>().data();
     const float* b = beta.flat<float>().data();
     float* ys = y->flat<float>().data();
-    T* products = reinterpret_cast<T*>(y_product->data());  // unused when T is float
     float* hats = x_hat->flat<float>().data();
     float* rstds = rstd->flat<float>().data();
     const uint64_t key = seed_key(context->input(4));
@@ -101,7 +86,7 @@ class ResidualDropoutLnOp : public OpKernel {
     const float scale = 1.0f / (1.0f - rate_);
     const float epsilon = epsilon_;
     for_row_blocks(context, rows, d, [&](int64_t, int64_t first, int64_t last) {
-      forward_rows(xs, fs, g, b, d, key, threshold, scale, epsilon, first, last, ys, products, hats, rstds);
+      forward_rows(xs, fs, g, b, d, key, threshold, scale, epsilon, first, last, ys, hats, rstds);
     });
   }
 
@@ -110,36 +95,26 @@ class ResidualDropoutLnOp : public OpKernel {
 };
 
 // Rows [first, last) of the gradients dx and df = keep * dx, from dy, x_hat and 1/std: dx = rstd (G - mean(G) -
-// x_hat mean(G x_hat)) with G = dy gamma. dy is the sum of the gradients of y (dys) and of its copy in T
-// (product_dys); either may be null, when nothing used that output. block_sums: (2, d), set to these rows' sums of
-// dy x_hat and of dy.
+// x_hat mean(G x_hat)) with G = dy gamma. block_sums: (2, d), set to these rows' sums of dy x_hat and of dy.
 template <typename T>
-void backward_rows(const float* __restrict dys, const T* __restrict product_dys, const float* __restrict hats,
-                   const float* __restrict rstds, const float* __restrict g, int64_t d, uint64_t key, int threshold,
-                   float scale, int64_t first, int64_t last, float* __restrict dxs, T* __restrict dfs,
-                   float* __restrict block_sums) {
-  std::vector<float> keep(d), gg(d), dy(d, 0.0f);
+void backward_rows(const float* __restrict dys, const float* __restrict hats, const float* __restrict rstds,
+                   const float* __restrict g, int64_t d, uint64_t key, int threshold, float scale, int64_t first,
+                   int64_t last, float* __restrict dxs, T* __restrict dfs, float* __restrict block_sums) {
+  std::vector<float> keep(d), gg(d);
   std::vector<uint64_t> words(d / 4 + 2);
   float* __restrict gamma_sums = block_sums;
   float* __restrict beta_sums = block_sums + d;
   std::fill(block_sums, block_sums + 2 * d, 0.0f);
   for (int64_t row = first; row < last; ++row) {
     const int64_t at = row * d;
-    if (dys != nullptr && product_dys != nullptr) {
-      for (int64_t j = 0; j < d; ++j) dy[j] = dys[at + j] + static_cast<float>(product_dys[at + j]);
-    } else if (dys != nullptr) {
-      std::copy(dys + at, dys + at + d, dy.begin());
-    } else if (product_dys != nullptr) {
-      for (int64_t j = 0; j < d; ++j) dy[j] = static_cast<float>(product_dys[at + j]);
-    }  // else dy stays 0
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
     for (int64_t j = 0; j < d; ++j) {
-      gg[j] = dy[j] * g[j];
+      gg[j] = dys[at + j] * g[j];
       sum_g += gg[j];
       sum_gx += gg[j] * hats[at + j];
-      gamma_sums[j] += dy[j] * hats[at + j];
-      beta_sums[j] += dy[j];
+      gamma_sums[j] += dys[at + j] * hats[at + j];
+      beta_sums[j] += dys[at + j];
     }
     const float mean_g = sum_g / d, mean_gx = sum_gx / d, inv = rstds[row];
     row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
@@ -160,39 +135,31 @@ class ResidualDropoutLnGradOp : public OpKernel {
 
   void Compute(OpKernelContext* context) override {
     const Tensor& dy = context->input(0);
-    const Tensor& dy_product = context->input(1);
-    const Tensor& x_hat = context->input(2);
-    const Tensor& rstd = context->input(3);
-    const Tensor& gamma = context->input(4);
-    OP_REQUIRES(context, x_hat.dims() >= 1, absl::InvalidArgumentError("x_hat must have a shape (..., d)"));
-    for (const Tensor* grad : {&dy, &dy_product}) {
-      OP_REQUIRES(context, grad->NumElements() == 0 || grad->shape() == x_hat.shape(),
-                  absl::InvalidArgumentError("dy and dy_product must be empty or shaped like x_hat"));
-    }
-    const int64_t d = x_hat.dim_size(x_hat.dims() - 1);
-    const int64_t rows = d == 0 ? 0 : x_hat.NumElements() / d;
+    const Tensor& x_hat = context->input(1);
+    const Tensor& rstd = context->input(2);
+    const Tensor& gamma = context->input(3);
+    const int64_t d = dy.dim_size(dy.dims() - 1);
+    const int64_t rows = d == 0 ? 0 : dy.NumElements() / d;
     Tensor *dx, *df, *dgamma, *dbeta;
-    OP_REQUIRES_OK(context, context->allocate_output(0, x_hat.shape(), &dx));
-    OP_REQUIRES_OK(context, context->allocate_output(1, x_hat.shape(), &df));
+    OP_REQUIRES_OK(context, context->allocate_output(0, dy.shape(), &dx));
+    OP_REQUIRES_OK(context, context->allocate_output(1, dy.shape(), &df));
     OP_REQUIRES_OK(context, context->allocate_output(2, gamma.shape(), &dgamma));
     OP_REQUIRES_OK(context, context->allocate_output(3, gamma.shape(), &dbeta));
     const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
     Tensor partials;  // (blocks, 2, d): each block's sums of dy * x_hat and of dy
     OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({blocks, 2, d}), &partials));
-    const float* dys = dy.NumElements() == 0 ? nullptr : dy.flat<float>().data();
-    const T* product_dys = dy_product.NumElements() == 0 ? nullptr : dy_product.flat<T>().data();
+    const float* dys = dy.flat<float>().data();
     const float* hats = x_hat.flat<float>().data();
     const float* rstds = rstd.flat<float>().data();
     const float* g = gamma.flat<float>().data();
     float* dxs = dx->flat<float>().data();
     T* dfs = df->flat<T>().data();
     float* sums = partials.flat<float>().data();
-    const uint64_t key = seed_key(context->input(5));
+    const uint64_t key = seed_key(context->input(4));
     const int threshold = keep_threshold(rate_);
     const float scale = 1.0f / (1.0f - rate_);
     for_row_blocks(context, rows, d, [&](int64_t block, int64_t first, int64_t last) {
-      backward_rows(dys, product_dys, hats, rstds, g, d, key, threshold, scale, first, last, dxs, dfs,
-                    sums + block * 2 * d);
+      backward_rows(dys, hats, rstds, g, d, key, threshold, scale, first, last, dxs, dfs, sums + block * 2 * d);
     });
     float* dgammas = dgamma->flat<float>().data();
     float* dbetas = dbeta->flat<float>().data();
@@ -209,6 +176,11 @@ class ResidualDropoutLnGradOp : public OpKernel {
   float rate_;
 };
 
+absl::Status same_as_input(InferenceContext* c, int outputs) {
+  for (int i = 0; i < outputs; ++i) c->set_output(i, c->input(0));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("ResidualDropoutLn")
@@ -220,7 +192,6 @@ REGISTER_OP("ResidualDropoutLn")
     .Output("y: float")
     .Output("x_hat: float")
     .Output("rstd: float")
-    .Output("y_product: T")
     .Attr("T: {float, bfloat16, half}")
     .Attr("rate: float")
     .Attr("epsilon: float")
@@ -230,13 +201,11 @@ REGISTER_OP("ResidualDropoutLn")
       c->set_output(0, c->input(0));
       c->set_output(1, c->input(0));
       c->set_output(2, rows);
-      c->set_output(3, c->input(0));
       return absl::OkStatus();
     });
 
 REGISTER_OP("ResidualDropoutLnGrad")
     .Input("dy: float")
-    .Input("dy_product: T")
     .Input("x_hat: float")
     .Input("rstd: float")
     .Input("gamma: float")
@@ -248,10 +217,9 @@ REGISTER_OP("ResidualDropoutLnGrad")
     .Attr("T: {float, bfloat16, half}")
     .Attr("rate: float")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(2));
-      c->set_output(1, c->input(2));
-      c->set_output(2, c->input(4));
-      c->set_output(3, c->input(4));
+      TF_RETURN_IF_ERROR(same_as_input(c, 2));
+      c->set_output(2, c->input(3));
+      c->set_output(3, c->input(3));
       return absl::OkStatus();
     });
 
