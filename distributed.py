@@ -60,9 +60,11 @@ Cluster = namedtuple("Cluster", "strategy is_chief target config task process_in
 Vote = namedtuple("Vote", "mine mean")
 
 #: What build_train builds. loss: per target token of the global batch; train_op: one Adam update (and global_step
-#: + 1); summaries: loss, lr, grad_norm, attention image; stop, checkpoint, total: the Votes that agree_to_stop,
+#: + 1); summaries: loss, lr, grad_norm, attention image, or an empty string when write_summaries (a bool
+#: placeholder, True unless fed) is False; stop, checkpoint, total: the Votes that agree_to_stop,
 #: agree_on_checkpoint and agree_on_total run.
-TrainStep = namedtuple("TrainStep", "loss train_op global_step schedule_total summaries stop checkpoint total")
+TrainStep = namedtuple("TrainStep", "loss train_op global_step schedule_total summaries write_summaries stop checkpoint "
+                                    "total")
 
 
 # ---------------------------------------------------------------- strategies
@@ -205,20 +207,23 @@ def build_train(cluster, hp, xs, ys):
     one replica, plain variables, no all-reduce.
     """
     strategy = cluster.strategy or tf.distribute.get_strategy()
-    loss, train_op, global_step, schedule_total, summaries = train_step(strategy, hp, xs, ys)
+    write_summaries = tf1.placeholder_with_default(True, [], name="write_summaries")
+    loss, train_op, global_step, schedule_total, summaries = train_step(strategy, hp, xs, ys, write_summaries)
     votes = [tf1.placeholder(tf.float64, [2]) for _ in range(3)]
-    return TrainStep(loss, train_op, global_step, schedule_total, summaries,
+    return TrainStep(loss, train_op, global_step, schedule_total, summaries, write_summaries,
                      *(Vote(vote, cluster_mean(cluster, vote)) for vote in votes))
 
 
-def train_step(strategy, hp, xs, ys):
+def train_step(strategy, hp, xs, ys, write_summaries):
     """The one training step of every --distribute mode: Adam (model.make_optimizer) on the label-smoothed loss,
     the global batch xs, ys split over the strategy's replicas (one replica: the default strategy).
 
     Returns loss (per target token of the global batch), train_op, global_step, the variable that holds the
     learning-rate schedule's end step (model.schedule_total_steps), and the summaries written every
-    --summary_every steps: loss, lr, grad_norm (of the gradient summed over the replicas: another all-reduce, which
-    runs only when the summaries are fetched) and the first replica's attention image.
+    --summary_every steps: loss, lr, grad_norm (of the gradient summed over the replicas: another all-reduce) and
+    the first replica's attention image, computed only where write_summaries (a bool scalar) is True, else an
+    empty string. Every step fetches them, so that every step runs the same fetches: a TensorFlow 1 session keeps
+    an optimized copy of the graph, with its own kernels, for each set of fetches it has run.
     """
     with strategy.scope():
         global_step = tf1.train.get_or_create_global_step()
@@ -227,14 +232,17 @@ def train_step(strategy, hp, xs, ys):
             replica_step, args=(ModelConfig.from_flags(hp), xs, ys, optimizer, global_step))
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_losses, axis=None)
         train_op = tf.group(strategy.experimental_local_results(train_op))
-        grad_norm = tf.linalg.global_norm([strategy.reduce(tf.distribute.ReduceOp.SUM, grad, axis=None)
-                                           for grad in replica_grads])
-    summaries = tf1.summary.merge([
-        tf1.summary.scalar("loss", loss),
-        tf1.summary.scalar("lr", lr),
-        tf1.summary.scalar("grad_norm", grad_norm),
-        tf1.summary.image("attention", attention_image(strategy.experimental_local_results(attention)[0])),
-    ])
+
+        def step_summaries():
+            grad_norm = tf.linalg.global_norm([strategy.reduce(tf.distribute.ReduceOp.SUM, grad, axis=None)
+                                               for grad in replica_grads])
+            return tf1.summary.merge([
+                tf1.summary.scalar("loss", loss),
+                tf1.summary.scalar("lr", lr),
+                tf1.summary.scalar("grad_norm", grad_norm),
+                tf1.summary.image("attention", attention_image(strategy.experimental_local_results(attention)[0])),
+            ])
+        summaries = tf.cond(write_summaries, step_summaries, lambda: tf.constant(""))
     return loss, train_op, global_step, schedule_total, summaries
 
 

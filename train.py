@@ -244,20 +244,18 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
             stop.signal = stop.signal or "a stop request of another worker"
         if any_signal or out_of_time:
             break
-        fetches = [g.step.train_op, g.step.loss, g.target_tokens]
-        if (step + 1) % summary_every == 0:
-            fetches.append(g.step.summaries)
+        fetches = [g.step.train_op, g.step.loss, g.target_tokens, g.step.summaries]
         try:
-            results = sess.run(fetches)
+            _, loss, batch_tokens, summaries = sess.run(
+                fetches, {g.step.write_summaries: (step + 1) % summary_every == 0})
         except tf.errors.OutOfRangeError:
             break
-        _, loss, batch_tokens = results[:3]
         step += 1
         if not math.isfinite(loss):
             progress.close()
             raise FloatingPointError("loss is %s at step %d (epoch %d)" % (loss, step, epoch + 1))
-        if len(results) == 4:
-            writer.add_summary(results[3], step)
+        if summaries:
+            writer.add_summary(summaries, step)
         epoch_step += 1
         budget.after_step(step)
         losses.append(loss)

@@ -46,8 +46,10 @@ def summary_values(serialized):
 
 def train_steps(sess, g, ph):
     """Runs one training step per global batch. Returns the losses (STEPS,), every variable by name, and the
-    training summaries of the first batch before its step (by tag, see summary_values)."""
+    training summaries of the first batch before its step (by tag, see summary_values), which are empty where
+    write_summaries is fed False."""
     batches = global_batches()
+    assert sess.run(g.summaries, {**ph.feed(*batches[0]), g.write_summaries: False}) == b""
     summaries = summary_values(sess.run(g.summaries, ph.feed(*batches[0])))
     losses = [sess.run([g.loss, g.train_op], ph.feed(x, y))[0] for x, y in batches]
     variables = tf1.global_variables()
