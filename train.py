@@ -238,13 +238,13 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g.step.global_step)
     progress = Progress(total, "epoch %d" % (epoch + 1), initial=epoch_step, unit="batches")
+    fetches = [g.step.train_op, g.step.loss, g.target_tokens, g.step.summaries]  # the same at every step
     while step < budget.last_step():
         any_signal, out_of_time = distributed.agree_to_stop(sess, g.step, stop.signal, time.time() >= budget.deadline)
         if any_signal:
             stop.signal = stop.signal or "a stop request of another worker"
         if any_signal or out_of_time:
             break
-        fetches = [g.step.train_op, g.step.loss, g.target_tokens, g.step.summaries]
         try:
             _, loss, batch_tokens, summaries = sess.run(
                 fetches, {g.step.write_summaries: (step + 1) % summary_every == 0})
