@@ -14,20 +14,25 @@ process that maps them). tf.data runs the generator ahead of the training step (
                widest bucket among them, and both sides are padded to W: no batch exceeds the token budget,
                padding included, and training sees one batch shape per width, since oneDNN builds and keeps
                kernels for every shape, which costs memory and time.
+With --bpe_dropout, each training epoch segments the split's text anew instead (epoch_pairs), in memory.
 Training batches are shuffled; evaluation batches (sentences mode) hold every line, sorted by source length
 (length_order), and the hypotheses are put back in line order. The translators (translate.py's and CTranslate2's)
 batch their sources in the same order (run_in_length_batches).
 """
 import dataclasses
 import functools
+import itertools
 import math
+import threading
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
+import sentencepiece as spm
 import tensorflow as tf
 from tqdm import tqdm
 
-from datadir import bpe_vocab_path, has_ids, split_paths
+from datadir import bpe_model_path, bpe_vocab_path, has_ids, split_paths
+from errors import UserError
 from idsfile import read_ids, release_pages
 # PAD_ID: for the tools that import it from here
 from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401
@@ -40,14 +45,41 @@ def load_vocab(vocab_fpath):
     return token2idx, dict(enumerate(idx2token))
 
 
-def text_ids(bpe_fpath, token2idx):
-    """The ids of a segmented text file (pieces joined by spaces; unknown pieces map to <unk>) in the layout of
-    idsfile.py: returns ids (total,) int32 and offsets (lines + 1,) int64. Data dirs of manifest format 1 have
-    only these text files."""
-    lines = [[token2idx.get(piece, UNK_ID) for piece in line.split()] for line in iter_lines(bpe_fpath)]
+def ids_layout(lines):
+    """A list of id lists (one per line) in the layout of idsfile.py: ids (total,) int32, offsets (lines + 1,)
+    int64, in memory."""
     offsets = np.zeros(len(lines) + 1, np.int64)
     offsets[1:] = np.cumsum([len(line) for line in lines])
-    return np.array([i for line in lines for i in line], np.int32), offsets
+    return np.fromiter(itertools.chain.from_iterable(lines), np.int32, int(offsets[-1])), offsets
+
+
+def text_ids(bpe_fpath, token2idx):
+    """The ids of a segmented text file (pieces joined by spaces; unknown pieces map to <unk>) in the layout of
+    idsfile.py (ids_layout). Data dirs of manifest format 1 have only these text files."""
+    return ids_layout([[token2idx.get(piece, UNK_ID) for piece in line.split()] for line in iter_lines(bpe_fpath)])
+
+
+#: sentencepiece seeds its sampling from one process-wide seed: one sampled segmentation at a time.
+_SAMPLING = threading.Lock()
+
+
+def sampled_side(processor, text_fpath, rate, seed):
+    """One side of a split segmented anew with BPE-dropout (Provilkov et al., 2020): while a word is merged, each
+    merge the BPE model would apply next is skipped with probability `rate`, so the same word comes in different,
+    finer pieces from epoch to epoch (sentencepiece's sampling for BPE models). rate 0 gives prepro's pieces.
+
+    processor: the data dir's sentencepiece model. text_fpath: the side's text, one line per pair. seed: an int or
+    a list of ints (numpy's SeedSequence entropy); the same seed gives the same pieces.
+    Returns (ids, offsets) in the layout of idsfile.py (ids_layout).
+    """
+    lines = read_lines(text_fpath)
+    if not rate:
+        return ids_layout(processor.encode(lines, out_type=int))
+    with _SAMPLING:
+        spm.set_random_generator_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
+        # one thread: the lines are sampled in order from the seed
+        ids = processor.encode(lines, out_type=int, enable_sampling=True, alpha=rate, nbest_size=-1, num_threads=1)
+    return ids_layout(ids)
 
 
 def load_side(data_dir, manifest, split, side):
@@ -128,6 +160,29 @@ def select_pairs(side1, side2, maxlen1=None, maxlen2=None, truncate=False):
     if kept == len(lengths1):
         return Pairs(ids1, offsets1, lengths1, ids2, offsets2, lengths2), 0
     return Pairs(ids1, offsets1, lengths1[:kept], ids2, offsets2, lengths2[:kept], lines[:kept]), len(lines) - kept
+
+
+def epoch_pairs(data_dir, manifest, split, maxlen1=None, maxlen2=None, truncate=False, bpe_dropout=0.0, seed=0):
+    """pairs_of(epoch) -> (Pairs, number skipped or truncated): the pairs an epoch of a split trains on (see
+    select_pairs for the limits). Without bpe_dropout, the data dir's segmentation every epoch; with it, the
+    split's text segmented anew for each epoch (sampled_side, seeded with seed, the epoch and the side), so that a
+    resumed run, or a count of what a run trained, replays the same pieces."""
+    if not bpe_dropout:
+        selected = select_pairs(load_side(data_dir, manifest, split, 1), load_side(data_dir, manifest, split, 2),
+                                maxlen1, maxlen2, truncate)
+        return lambda epoch: selected
+    paths = split_paths(data_dir, manifest, split)
+    if "raw1" not in paths or "raw2" not in paths:
+        raise UserError("%s has no text of its %s split to segment with --bpe_dropout: run prepro.py again, or "
+                        "train with --bpe_dropout 0" % (data_dir, split))
+    processor = spm.SentencePieceProcessor(model_file=bpe_model_path(data_dir, manifest))
+
+    @functools.lru_cache(maxsize=1)  # asked for by the epoch's plan and by the count of its batches alike
+    def pairs_of(epoch):
+        sides = [sampled_side(processor, paths["raw%d" % side], bpe_dropout, [seed, int(epoch), side])
+                 for side in (1, 2)]
+        return select_pairs(*sides, maxlen1, maxlen2, truncate)
+    return pairs_of
 
 
 def bucket_widths(longest, growth):
@@ -280,12 +335,13 @@ def epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth=0.05):
     return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
 
 
-def trained_target_tokens(pairs, steps, batch_size, batch_type, seed, growth=0.05):
+def trained_target_tokens(pairs_of, steps, batch_size, batch_type, seed, growth=0.05):
     """The real (non-pad) target tokens, </s> included (y_seqlen, what train.py counts in its tok/s), of the first
-    `steps` shuffled training batches, epoch after epoch: what a run of that many steps trained. Counted from the
-    epoch plans alone, without building a batch."""
+    `steps` shuffled training batches, epoch after epoch: what a run of that many steps trained. pairs_of: see
+    epoch_pairs. Counted from the epoch plans alone, without building a batch."""
     total, epoch = 0, 0
     while steps > 0:
+        pairs, _ = pairs_of(epoch)
         plan = epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
         if not plan:
             raise ValueError("no training pairs: nothing was trained")
@@ -294,35 +350,36 @@ def trained_target_tokens(pairs, steps, batch_size, batch_type, seed, growth=0.0
     return total
 
 
-def generator_fn(pairs, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
+def generator_fn(pairs_of, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
     """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays, and num_batches(epoch).
 
-    pairs: Pairs. seed: shuffle with numpy RandomState(seed + epoch), so a resumed run replays the same epoch;
-    None keeps the order. growth: see bucket_widths (tokens mode).
+    pairs_of: epoch -> (Pairs, count over the limits), see epoch_pairs. seed: shuffle with numpy
+    RandomState(seed + epoch), so a resumed run replays the same epoch; None keeps the order. growth: see
+    bucket_widths (tokens mode).
     """
     @functools.lru_cache(maxsize=1)  # an epoch's plan is asked for by num_batches and generate alike
     def plan_of(epoch):
-        return epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
-
-    def plan(epoch):
-        return plan_of(int(epoch))
+        pairs, _ = pairs_of(epoch)
+        return pairs, epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
 
     def generate(epoch=0):
-        for index, width in plan(epoch):
+        pairs, plan = plan_of(int(epoch))
+        for index, width in plan:
             batch = make_batch(pairs, index, width)
             release_pages(pairs.ids1, pairs.offsets1, pairs.ids2, pairs.offsets2)
             yield batch
 
-    return generate, lambda epoch=0: len(plan(epoch))
+    return generate, lambda epoch=0: len(plan_of(int(epoch))[1])
 
 
-def input_fn(pairs, batch_size, shuffle=False, batch_type="sentences", seed=0, epoch=0, skip=0, growth=0.05):
-    """tf.data.Dataset of padded batches (xs, ys) of `pairs`, and num_batches(epoch).
+def input_fn(pairs_of, batch_size, shuffle=False, batch_type="sentences", seed=0, epoch=0, skip=0, growth=0.05):
+    """tf.data.Dataset of padded batches (xs, ys) of the pairs of each epoch (pairs_of, see epoch_pairs), and
+    num_batches(epoch).
 
     epoch, skip: int32 scalars or tensors (e.g. placeholders fed when the iterator is initialized): which
     epoch's shuffle to replay, and how many of its batches to skip (to resume in the middle of an epoch).
     """
-    generate, num_batches = generator_fn(pairs, batch_size, batch_type, seed if shuffle else None, growth)
+    generate, num_batches = generator_fn(pairs_of, batch_size, batch_type, seed if shuffle else None, growth)
     ids, lengths = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
     dataset = tf.data.Dataset.from_generator(generate, args=(epoch,),
                                              output_signature=(Sources(ids, lengths), Targets(ids, ids, lengths)))
@@ -334,14 +391,16 @@ def input_fn(pairs, batch_size, shuffle=False, batch_type="sentences", seed=0, e
 
 
 def get_batch(data_dir, manifest, split, maxlen1, maxlen2, batch_size, shuffle=False, batch_type="sentences",
-              seed=0, truncate=False, epoch=0, skip=0, growth=0.05):
-    """Dataset over one split of a data dir (manifest: its datadir.load_manifest). Training passes shuffle=True and
-    length limits; evaluation passes maxlen1 = maxlen2 = None so that every line is kept (in length_order).
+              seed=0, truncate=False, epoch=0, skip=0, growth=0.05, bpe_dropout=0.0):
+    """Dataset over one split of a data dir (manifest: its datadir.load_manifest). Training passes shuffle=True,
+    length limits and its bpe_dropout (see epoch_pairs); evaluation passes maxlen1 = maxlen2 = None so that every
+    line is kept (in length_order).
 
     Returns batches (tf.data.Dataset), num_batches(epoch), num_samples, and the count of pairs skipped
-    (or truncated) for length. epoch and skip: see input_fn. growth: see bucket_widths (tokens mode).
+    (or truncated) for length (of the first epoch, with bpe_dropout). epoch and skip: see input_fn. growth: see
+    bucket_widths (tokens mode).
     """
-    pairs, over = select_pairs(load_side(data_dir, manifest, split, 1), load_side(data_dir, manifest, split, 2),
-                               maxlen1, maxlen2, truncate)
-    batches, num_batches = input_fn(pairs, batch_size, shuffle, batch_type, seed, epoch, skip, growth)
+    pairs_of = epoch_pairs(data_dir, manifest, split, maxlen1, maxlen2, truncate, bpe_dropout, seed)
+    pairs, over = pairs_of(0)
+    batches, num_batches = input_fn(pairs_of, batch_size, shuffle, batch_type, seed, epoch, skip, growth)
     return batches, num_batches, len(pairs), over

@@ -123,7 +123,7 @@ def build_graph(hp, manifest, cluster):
     train_batches, train_num_batches, num_train, num_over = get_batch(
         hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size, shuffle=True,
         batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate, epoch=epoch, skip=skip,
-        growth=hp.bucket_growth)
+        growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
     eval_batches, eval_num_batches, num_eval, _ = get_batch(hp.data_dir, manifest, "eval", None, None,
                                                             hp.test_batch_size)
     iterator = tf1.data.Iterator.from_structure(tf1.data.get_output_types(train_batches),

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
 
 import recipe_table  # noqa: E402
-from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
+from data_load import epoch_pairs, trained_target_tokens  # noqa: E402
 from datadir import check_vocab, load_manifest  # noqa: E402
 from errors import OneLineParser, UserError, run_cli  # noqa: E402
 from hparams import Hparams  # noqa: E402
@@ -102,9 +102,9 @@ def target_tokens(hp, steps):
     trained_on = trained_data_dir(hp.logdir)
     manifest = load_manifest(hp.data_dir, trained_on, hp.logdir)
     check_vocab(hp, manifest, trained_on)
-    pairs, _ = select_pairs(load_side(hp.data_dir, manifest, "train", 1), load_side(hp.data_dir, manifest, "train", 2),
-                            hp.maxlen1, hp.maxlen2, hp.truncate)
-    return trained_target_tokens(pairs, steps, hp.batch_size, hp.batch_type, hp.seed, hp.bucket_growth)
+    pairs_of = epoch_pairs(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.truncate, hp.bpe_dropout,
+                           hp.seed)
+    return trained_target_tokens(pairs_of, steps, hp.batch_size, hp.batch_type, hp.seed, hp.bucket_growth)
 
 
 def measured_run(table, logdir, data_dir=None, cpu=None, command=None):

@@ -137,7 +137,7 @@ def pipeline_rates(data_dir, batches, train_flags):
     with tf.Graph().as_default():
         dataset, _, _, _ = get_batch(str(data_dir), load_manifest(str(data_dir)), "train", hp.maxlen1, hp.maxlen2,
                                      hp.batch_size, shuffle=True, batch_type=hp.batch_type, seed=hp.seed,
-                                     growth=hp.bucket_growth)
+                                     growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
         target_tokens = tf.reduce_sum(tf1.data.make_one_shot_iterator(dataset.repeat()).get_next()[1][2])
         with tf1.Session(config=runtime.session_config(hp)) as sess:
             sess.run(target_tokens)

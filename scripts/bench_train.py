@@ -130,7 +130,8 @@ def main(argv=None):
     start = time.time()
     tf1.set_random_seed(hp.seed)
     batches, _, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size, shuffle=True,
-                                 batch_type=hp.batch_type, seed=hp.seed, growth=hp.bucket_growth)
+                                 batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate,
+                                 growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
     xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
     train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op
     shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]

@@ -8,9 +8,14 @@ import pytest
 import tensorflow as tf
 
 import prepro
-from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, eval_order, generator_fn, get_batch, load_side,
-                       load_vocab, pad, plan_batches, select_pairs, text_ids, trained_target_tokens)
-from datadir import load_manifest
+import threading
+
+import sentencepiece as spm
+
+from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, epoch_pairs, eval_order, generator_fn, get_batch,
+                       load_side, load_vocab, pad, plan_batches, sampled_side, select_pairs, text_ids,
+                       trained_target_tokens)
+from datadir import bpe_model_path, load_manifest, split_paths
 from errors import UserError
 from idsfile import IdsWriter, ids_dtype, read_ids
 
@@ -103,12 +108,13 @@ def numbers_dir(tmp_path_factory):
     return data_dir
 
 
-def epoch_batches(data_dir, split, maxlen1, maxlen2, batch_size, batch_type, seed, epoch=0, skip=0, truncate=False):
+def epoch_batches(data_dir, split, maxlen1, maxlen2, batch_size, batch_type, seed, epoch=0, skip=0, truncate=False,
+                  bpe_dropout=0.0):
     """The batches of get_batch as numpy tuples (x, x_seqlen, decoder_input, y, y_seqlen), through tf.data."""
     with tf.Graph().as_default():
         dataset, _, _, _ = get_batch(str(data_dir), load_manifest(str(data_dir)), split, maxlen1, maxlen2,
                                      batch_size, shuffle=seed is not None, batch_type=batch_type, seed=seed or 0,
-                                     truncate=truncate, epoch=epoch, skip=skip)
+                                     truncate=truncate, epoch=epoch, skip=skip, bpe_dropout=bpe_dropout)
         (x, x_seqlen), (decoder_input, y, y_seqlen) = tf1.data.make_one_shot_iterator(dataset).get_next()
         values = []
         with tf1.Session() as sess:
@@ -228,9 +234,56 @@ def test_the_target_tokens_counted_for_a_run_are_those_of_the_batches_it_trained
     drawn = [int(batch[4].sum()) for batches in epochs for batch in batches]  # y_seqlen: targets with </s>
     per_epoch = len(epochs[0])
     for steps in (1, per_epoch, per_epoch + 3):
-        assert trained_target_tokens(pairs, steps, 300, "tokens", 5) == sum(drawn[:steps])
+        assert trained_target_tokens(lambda epoch: (pairs, 0), steps, 300, "tokens", 5) == sum(drawn[:steps])
     # whole epochs train every target once each
-    assert trained_target_tokens(pairs, 2 * per_epoch, 300, "tokens", 5) == 2 * int(pairs.lengths2.sum())
+    assert (trained_target_tokens(lambda epoch: (pairs, 0), 2 * per_epoch, 300, "tokens", 5)
+            == 2 * int(pairs.lengths2.sum()))
+
+
+# ------------------------------------------------------------------------------------------------
+# BPE-dropout: the training text segmented anew each epoch
+
+
+def test_bpe_dropout_segments_the_same_text_into_finer_pieces_reproducibly(numbers_dir):
+    manifest = load_manifest(str(numbers_dir))
+    processor = spm.SentencePieceProcessor(model_file=bpe_model_path(str(numbers_dir), manifest))
+    text = split_paths(str(numbers_dir), manifest, "train")["raw2"]
+    ids, offsets = load_side(str(numbers_dir), manifest, "train", 2)
+    unsampled = sampled_side(processor, text, 0.0, 1)
+    np.testing.assert_array_equal(unsampled[0], ids)  # rate 0: prepro's pieces
+    np.testing.assert_array_equal(unsampled[1], offsets)
+    sampled_ids, sampled_offsets = sampled_side(processor, text, 0.3, [5, 0, 2])
+    assert len(sampled_offsets) == len(offsets) and len(sampled_ids) > 1.1 * len(ids)
+    lines = Path(text).read_text("utf-8").splitlines()
+    assert [processor.decode(sampled_ids[a:b].tolist()) for a, b in zip(sampled_offsets, sampled_offsets[1:])] == lines
+    # the same seed gives the same pieces, in any thread; another seed others
+    again = {}
+    thread = threading.Thread(target=lambda: again.update(side=sampled_side(processor, text, 0.3, [5, 0, 2])))
+    thread.start()
+    thread.join()
+    np.testing.assert_array_equal(again["side"][0], sampled_ids)
+    assert not np.array_equal(sampled_side(processor, text, 0.3, [5, 1, 2])[0], sampled_ids)
+
+
+def test_bpe_dropout_epochs_differ_and_a_resumed_run_or_a_count_replays_them(numbers_dir):
+    args = (numbers_dir, "train", 60, 60, 300, "tokens", 5)  # limits that the finer pieces keep within
+    first = epoch_batches(*args, epoch=1, bpe_dropout=0.2)
+    assert not all(np.array_equal(a[3], b[3]) for a, b in zip(first, epoch_batches(*args, epoch=2, bpe_dropout=0.2)))
+    assert_same_batches(epoch_batches(*args, epoch=1, skip=4, bpe_dropout=0.2), first[4:])
+    unsampled = sum(int(batch[4].sum()) for batch in epoch_batches(*args, epoch=1))
+    assert sum(int(batch[4].sum()) for batch in first) > unsampled  # finer pieces, more target tokens
+    pairs_of = epoch_pairs(str(numbers_dir), load_manifest(str(numbers_dir)), "train", 60, 60, bpe_dropout=0.2,
+                           seed=5)
+    drawn = [int(batch[4].sum()) for epoch in (0, 1) for batch in epoch_batches(*args, epoch=epoch, bpe_dropout=0.2)]
+    assert trained_target_tokens(pairs_of, len(drawn) - 2, 300, "tokens", 5) == sum(drawn[:-2])
+
+
+def test_bpe_dropout_needs_the_text_of_the_training_split(numbers_dir, tmp_path):
+    manifest = load_manifest(str(numbers_dir))
+    del manifest["splits"]["train"]["raw1"]
+    with pytest.raises(UserError, match="has no text of its train split to segment with --bpe_dropout: run "
+                                        "prepro.py again, or train with --bpe_dropout 0"):
+        epoch_pairs(str(numbers_dir), manifest, "train", 20, 20, bpe_dropout=0.1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,7 +326,7 @@ def small_pairs(src, tgt, maxlen=None):
 def test_decoder_input_is_target_shifted_right_and_padding_is_zero():
     src = [[4, 5], [], [6, 7, 8]]
     tgt = [[9], [10, 11], []]
-    generate, num_batches = generator_fn(small_pairs(src, tgt)[0], batch_size=2)
+    generate, num_batches = generator_fn(lambda epoch: small_pairs(src, tgt), batch_size=2)
     batches = list(generate(0))
     assert num_batches() == len(batches) == 2
     (x, x_seqlen), (decoder_input, y, y_seqlen) = batches[0]  # lines 1 and 0: sorted by source length
@@ -306,7 +359,7 @@ def test_skipping_chunk_by_chunk_keeps_the_right_lines(monkeypatch):
     kept, over = small_pairs(src, tgt, maxlen=5)
     expected = [i for i in range(20) if len(src[i]) < 5 and len(tgt[i]) < 5]
     assert over == 20 - len(expected) > 0 and kept.lines.tolist() == expected
-    (x, x_seqlen), (_, y, y_seqlen) = next(generator_fn(kept, batch_size=20, seed=None)[0]())
+    (x, x_seqlen), (_, y, y_seqlen) = next(generator_fn(lambda epoch: (kept, over), batch_size=20, seed=None)[0]())
     order = sorted(expected, key=lambda i: len(src[i]))  # sentences mode without a seed: by source length
     assert [list(r[:n - 1]) for r, n in zip(x, x_seqlen)] == [src[i] for i in order]
     assert [list(r[:n - 1]) for r, n in zip(y, y_seqlen)] == [tgt[i] for i in order]

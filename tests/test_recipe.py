@@ -16,7 +16,7 @@ import plot_recipe  # noqa: E402
 import prepro  # noqa: E402
 import recipe  # noqa: E402
 import recipe_table  # noqa: E402
-from data_load import load_side, select_pairs, trained_target_tokens  # noqa: E402
+from data_load import epoch_pairs, trained_target_tokens  # noqa: E402
 from datadir import fingerprint, load_manifest  # noqa: E402
 from errors import UserError  # noqa: E402
 from hparams import Hparams  # noqa: E402
@@ -162,10 +162,10 @@ def test_the_shipped_table_lists_todays_recipe_first():
     assert recipe_table.candidate_names(table)[0] == "d256-ff512-drop0.1"
 
 
-def training_pairs(data_dir, maxlen=100):
-    manifest = load_manifest(data_dir)
-    return select_pairs(load_side(data_dir, manifest, "train", 1), load_side(data_dir, manifest, "train", 2),
-                        maxlen, maxlen)[0]
+def training_pairs(data_dir, hp):
+    """pairs_of(epoch) of the training split as the run of hp trains it (data_load.epoch_pairs)."""
+    return epoch_pairs(data_dir, load_manifest(data_dir), "train", hp.maxlen1, hp.maxlen2, hp.truncate,
+                       hp.bpe_dropout, hp.seed)
 
 
 @pytest.mark.slow
@@ -173,11 +173,10 @@ def training_pairs(data_dir, maxlen=100):
 def test_the_shipped_runs_hold_the_target_tokens_of_their_steps(tmp_path):
     data_dir = str(tmp_path / "multi30k")
     assert prepro.main(recipe.prepro_command(data_dir)[2:]) == 0
-    pairs = training_pairs(data_dir)
     table = recipe_table.load_table()
     for row in table["runs"]:
         hp = Hparams().parser.parse_args(recipe_table.train_flags(table, row["candidate"]))
-        assert row["target_tokens"] == trained_target_tokens(pairs, row["steps"], hp.batch_size, hp.batch_type,
+        assert row["target_tokens"] == trained_target_tokens(training_pairs(data_dir, hp), row["steps"], hp.batch_size, hp.batch_type,
                                                              hp.seed, hp.bucket_growth)
 
 
@@ -324,7 +323,8 @@ def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, small
     path = write_table(tmp_path, tiny_table())
     code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
     assert (code, err) == (0, "")
-    tokens = trained_target_tokens(training_pairs(small_numbers_dir), 40, 300, "tokens", 7)
+    hp = Hparams().parser.parse_args(TINY + ["--seed", "7"])
+    tokens = trained_target_tokens(training_pairs(small_numbers_dir, hp), 40, 300, "tokens", 7)
     assert json.loads(Path(path).read_text())["runs"] == [{
         "candidate": "tiny", "target_tokens": tokens, "steps": 40, "batch_size": 300, "dev_bleu": 12.34,
         "precision": "bf16", "cpu": "Some CPU, 2 cores, avx2", "command": "python scripts/recipe.py --minutes 30",
