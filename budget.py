@@ -36,7 +36,8 @@ class Budget:
             self.fix(self.step_budget())
 
     def step_budget(self):
-        """The global step at which --max_steps or --num_epochs ends training."""
+        """The global step at which --max_steps or --num_epochs ends training. With --bpe_dropout the epochs differ
+        by a few batches; the first epoch's count stands for each."""
         epochs = self.hp.num_epochs * self.g.train_num_batches(0)
         return min(self.hp.max_steps, epochs) if self.hp.max_steps else epochs
 
