@@ -14,7 +14,8 @@ process that maps them). tf.data runs the generator ahead of the training step (
                widest bucket among them, and both sides are padded to W: no batch exceeds the token budget,
                padding included, and training sees one batch shape per width, since oneDNN builds and keeps
                kernels for every shape, which costs memory and time.
-With --bpe_dropout, each training epoch segments the split's text anew instead (epoch_pairs), in memory.
+With --bpe_dropout, each training epoch segments the split's pieces anew instead (epoch_pairs, bpe_dropout.py), in
+memory.
 Training batches are shuffled; evaluation batches (sentences mode) hold every line, sorted by source length
 (length_order), and the hypotheses are put back in line order. The translators (translate.py's and CTranslate2's)
 batch their sources in the same order (run_in_length_batches).
@@ -23,16 +24,14 @@ import dataclasses
 import functools
 import itertools
 import math
-import threading
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
-import sentencepiece as spm
 import tensorflow as tf
 from tqdm import tqdm
 
+from bpe_dropout import Merges, segment_lines, seeded_draw
 from datadir import bpe_model_path, bpe_vocab_path, has_ids, split_paths
-from errors import UserError
 from idsfile import read_ids, release_pages
 # PAD_ID: for the tools that import it from here
 from textio import BOS_ID, EOS_ID, PAD_ID, UNK_ID, iter_lines, read_lines  # noqa: F401
@@ -59,27 +58,30 @@ def text_ids(bpe_fpath, token2idx):
     return ids_layout([[token2idx.get(piece, UNK_ID) for piece in line.split()] for line in iter_lines(bpe_fpath)])
 
 
-#: sentencepiece seeds its sampling from one process-wide seed: one sampled segmentation at a time.
-_SAMPLING = threading.Lock()
+#: Lines segmented at a time by sampled_side (as Python lists of ints, about 50 bytes a piece).
+SAMPLING_CHUNK_LINES = 1 << 16
 
 
-def sampled_side(processor, text_fpath, rate, seed):
-    """One side of a split segmented anew with BPE-dropout (Provilkov et al., 2020): while a word is merged, each
-    merge the BPE model would apply next is skipped with probability `rate`, so the same word comes in different,
-    finer pieces from epoch to epoch (sentencepiece's sampling for BPE models). rate 0 gives prepro's pieces.
+def sampled_side(merges, bpe_fpath, rate, seed):
+    """One side of a split segmented anew with BPE-dropout at `rate` (bpe_dropout.py): the same words in other,
+    finer pieces each time (rate 0: prepro's pieces).
 
-    processor: the data dir's sentencepiece model. text_fpath: the side's text, one line per pair. seed: an int or
-    a list of ints (numpy's SeedSequence entropy); the same seed gives the same pieces.
-    Returns (ids, offsets) in the layout of idsfile.py (ids_layout).
+    merges: the data dir's bpe_dropout.Merges. bpe_fpath: the side's prepro pieces (a .bpe file). seed: a list of
+    ints; the same seed gives the same pieces. Returns (ids, offsets) in the layout of idsfile.py, in memory.
     """
-    lines = read_lines(text_fpath)
-    if not rate:
-        return ids_layout(processor.encode(lines, out_type=int))
-    with _SAMPLING:
-        spm.set_random_generator_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
-        # one thread: the lines are sampled in order from the seed
-        ids = processor.encode(lines, out_type=int, enable_sampling=True, alpha=rate, nbest_size=-1, num_threads=1)
-    return ids_layout(ids)
+    lines, parts, draw = iter_lines(bpe_fpath), [], seeded_draw(seed)
+    while chunk := list(itertools.islice(lines, SAMPLING_CHUNK_LINES)):
+        parts.append(ids_layout(segment_lines([line.split() for line in chunk], merges, rate, draw)))
+    return joined_layouts(parts)
+
+
+def joined_layouts(parts):
+    """(ids, offsets) pairs of consecutive runs of lines (ids_layout) as one (ids, offsets) of all the lines."""
+    starts = np.cumsum([0] + [offsets[-1] for _, offsets in parts])  # where each part's ids begin
+    ids = np.concatenate([part_ids for part_ids, _ in parts] + [np.zeros(0, np.int32)])
+    offsets = np.concatenate([np.zeros(1, np.int64)] + [offsets[1:] + start for (_, offsets), start
+                                                         in zip(parts, starts)])
+    return ids, offsets
 
 
 def load_side(data_dir, manifest, split, side):
@@ -172,14 +174,11 @@ def epoch_pairs(data_dir, manifest, split, maxlen1=None, maxlen2=None, truncate=
                                 maxlen1, maxlen2, truncate)
         return lambda epoch: selected
     paths = split_paths(data_dir, manifest, split)
-    if "raw1" not in paths or "raw2" not in paths:
-        raise UserError("%s has no text of its %s split to segment with --bpe_dropout: run prepro.py again, or "
-                        "train with --bpe_dropout 0" % (data_dir, split))
-    processor = spm.SentencePieceProcessor(model_file=bpe_model_path(data_dir, manifest))
+    merges = Merges.from_model(bpe_model_path(data_dir, manifest))
 
     @functools.lru_cache(maxsize=1)  # asked for by the epoch's plan and by the count of its batches alike
     def pairs_of(epoch):
-        sides = [sampled_side(processor, paths["raw%d" % side], bpe_dropout, [seed, int(epoch), side])
+        sides = [sampled_side(merges, paths["bpe%d" % side], bpe_dropout, [seed, int(epoch), side])
                  for side in (1, 2)]
         return select_pairs(*sides, maxlen1, maxlen2, truncate)
     return pairs_of

@@ -12,6 +12,7 @@ import threading
 
 import sentencepiece as spm
 
+from bpe_dropout import Merges, segment_lines
 from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, epoch_pairs, eval_order, generator_fn, get_batch,
                        load_side, load_vocab, pad, plan_batches, sampled_side, select_pairs, text_ids,
                        trained_target_tokens)
@@ -244,25 +245,61 @@ def test_the_target_tokens_counted_for_a_run_are_those_of_the_batches_it_trained
 # BPE-dropout: the training text segmented anew each epoch
 
 
-def test_bpe_dropout_segments_the_same_text_into_finer_pieces_reproducibly(numbers_dir):
-    manifest = load_manifest(str(numbers_dir))
-    processor = spm.SentencePieceProcessor(model_file=bpe_model_path(str(numbers_dir), manifest))
-    text = split_paths(str(numbers_dir), manifest, "train")["raw2"]
-    ids, offsets = load_side(str(numbers_dir), manifest, "train", 2)
-    unsampled = sampled_side(processor, text, 0.0, 1)
+def bpe_files(data_dir, side):
+    """(Merges of the data dir's BPE model, its sentencepiece processor, the train split's .bpe and text files of
+    that side)."""
+    manifest = load_manifest(str(data_dir))
+    paths = split_paths(str(data_dir), manifest, "train")
+    model = bpe_model_path(str(data_dir), manifest)
+    return (Merges.from_model(model), spm.SentencePieceProcessor(model_file=model), paths["bpe%d" % side],
+            paths["raw%d" % side])
+
+
+def test_bpe_dropout_at_rate_0_segments_as_sentencepiece_does(tmp_path):
+    """Against sentencepiece's own BPE on words made to tie: a model trained on runs of two letters, and words of
+    those letters drawn at random, where the same merge fits at several places (the leftmost goes first)."""
+    rng = np.random.RandomState(0)
+    corpus = [" ".join("".join(rng.choice(list("ab"), rng.randint(1, 9))) for _ in range(6)) for _ in range(300)]
+    (tmp_path / "corpus.txt").write_text("\n".join(corpus), "utf-8")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "ab"),
+                                   model_type="bpe", vocab_size=30, character_coverage=1.0,
+                                   normalization_rule_name="identity", minloglevel=2)
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "ab.model"))
+    merges = Merges.from_model(str(tmp_path / "ab.model"))
+    words = ["".join(rng.choice(list("ab"), rng.randint(1, 13))) for _ in range(500)]
+    lines = [" ".join(words[i:i + 5]) for i in range(0, 500, 5)]
+    expected = [processor.encode(line) for line in lines]
+    assert segment_lines([processor.encode(line, out_type=str) for line in lines], merges, 0.0, None) == expected
+    # from the words whole: the merges alone make the model's pieces
+    whole = [["\u2581" + word for word in line.split()] for line in lines]
+    assert segment_lines(whole, merges, 0.0, None) == expected
+
+
+def test_bpe_dropout_segments_the_same_text_into_finer_pieces_as_often_as_sentencepiece(numbers_dir):
+    merges, processor, bpe_text, text = bpe_files(numbers_dir, 2)
+    ids, offsets = load_side(str(numbers_dir), load_manifest(str(numbers_dir)), "train", 2)
+    unsampled = sampled_side(merges, bpe_text, 0.0, [1])
     np.testing.assert_array_equal(unsampled[0], ids)  # rate 0: prepro's pieces
     np.testing.assert_array_equal(unsampled[1], offsets)
-    sampled_ids, sampled_offsets = sampled_side(processor, text, 0.3, [5, 0, 2])
-    assert len(sampled_offsets) == len(offsets) and len(sampled_ids) > 1.1 * len(ids)
+    sampled_ids, sampled_offsets = sampled_side(merges, bpe_text, 0.3, [5, 0, 2])
     lines = Path(text).read_text("utf-8").splitlines()
     assert [processor.decode(sampled_ids[a:b].tolist()) for a, b in zip(sampled_offsets, sampled_offsets[1:])] == lines
-    # the same seed gives the same pieces, in any thread; another seed others
+    # sentencepiece's sampling (the same algorithm, its own random stream): about as many pieces
+    theirs = sum(len(processor.encode(line, enable_sampling=True, alpha=0.3, nbest_size=-1)) for line in lines)
+    assert len(ids) * 1.1 < len(sampled_ids) and abs(len(sampled_ids) / theirs - 1) < 0.03
+    # the same seed gives the same pieces, in any thread, and in chunks of any size; another seed others
     again = {}
-    thread = threading.Thread(target=lambda: again.update(side=sampled_side(processor, text, 0.3, [5, 0, 2])))
+    thread = threading.Thread(target=lambda: again.update(side=sampled_side(merges, bpe_text, 0.3, [5, 0, 2])))
     thread.start()
     thread.join()
     np.testing.assert_array_equal(again["side"][0], sampled_ids)
-    assert not np.array_equal(sampled_side(processor, text, 0.3, [5, 1, 2])[0], sampled_ids)
+    import data_load
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data_load, "SAMPLING_CHUNK_LINES", 7)
+        chunked_ids, chunked_offsets = sampled_side(merges, bpe_text, 0.3, [5, 0, 2])
+    np.testing.assert_array_equal(chunked_ids, sampled_ids)
+    np.testing.assert_array_equal(chunked_offsets, sampled_offsets)
+    assert not np.array_equal(sampled_side(merges, bpe_text, 0.3, [5, 1, 2])[0], sampled_ids)
 
 
 def test_bpe_dropout_epochs_differ_and_a_resumed_run_or_a_count_replays_them(numbers_dir):
@@ -276,14 +313,6 @@ def test_bpe_dropout_epochs_differ_and_a_resumed_run_or_a_count_replays_them(num
                            seed=5)
     drawn = [int(batch[4].sum()) for epoch in (0, 1) for batch in epoch_batches(*args, epoch=epoch, bpe_dropout=0.2)]
     assert trained_target_tokens(pairs_of, len(drawn) - 2, 300, "tokens", 5) == sum(drawn[:-2])
-
-
-def test_bpe_dropout_needs_the_text_of_the_training_split(numbers_dir, tmp_path):
-    manifest = load_manifest(str(numbers_dir))
-    del manifest["splits"]["train"]["raw1"]
-    with pytest.raises(UserError, match="has no text of its train split to segment with --bpe_dropout: run "
-                                        "prepro.py again, or train with --bpe_dropout 0"):
-        epoch_pairs(str(numbers_dir), manifest, "train", 20, 20, bpe_dropout=0.1)
 
 
 # ------------------------------------------------------------------------------------------------
