@@ -176,7 +176,9 @@ def epoch_pairs(data_dir, manifest, split, maxlen1=None, maxlen2=None, truncate=
     paths = split_paths(data_dir, manifest, split)
     merges = Merges.from_model(bpe_model_path(data_dir, manifest))
 
-    @functools.lru_cache(maxsize=1)  # asked for by the epoch's plan and by the count of its batches alike
+    # asked for by the epoch's plan and by the count of its batches alike; two are kept, so that the budget asking
+    # for the first epoch's count while a later one trains does not push out the epoch that trains
+    @functools.lru_cache(maxsize=2)
     def pairs_of(epoch):
         sides = [sampled_side(merges, paths["bpe%d" % side], bpe_dropout, [seed, int(epoch), side])
                  for side in (1, 2)]
@@ -356,7 +358,9 @@ def generator_fn(pairs_of, batch_size=64, batch_type="sentences", seed=None, gro
     RandomState(seed + epoch), so a resumed run replays the same epoch; None keeps the order. growth: see
     bucket_widths (tokens mode).
     """
-    @functools.lru_cache(maxsize=1)  # an epoch's plan is asked for by num_batches and generate alike
+    # an epoch's plan is asked for by num_batches and generate alike; two are kept, as in epoch_pairs, so that the
+    # budget's count of the first epoch does not push out the plan of the epoch that trains
+    @functools.lru_cache(maxsize=2)
     def plan_of(epoch):
         pairs, _ = pairs_of(epoch)
         return pairs, epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
