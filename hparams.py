@@ -76,6 +76,8 @@ class Hparams:
         group.add_argument("--num_blocks", type=int, default=3, help="encoder blocks (and as many decoder blocks)")
         group.add_argument("--num_heads", type=int, default=8, help="attention heads; must divide d_model")
         group.add_argument("--dropout_rate", type=float, default=0.1, help="dropout on embeddings and sublayers")
+        group.add_argument("--attention_dropout", type=float, default=None,
+                           help="dropout on the attention weights (softmax outputs); default: --dropout_rate")
         group.add_argument("--norm_type", choices=["post", "pre"], default="post",
                            help="post: LN(x + f(x)) as in the paper; pre: x + f(LN(x)), steadier when deep")
 
@@ -201,6 +203,7 @@ RANGES = {
     "d_model": at_least(1), "d_ff": at_least(1), "num_blocks": at_least(1), "num_heads": at_least(1),
     # dropout draws are 16-bit: a rate within 2^-17 of 1 would round to dropping everything
     "dropout_rate": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
+    "attention_dropout": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
     "batch_size": at_least(1), "bucket_growth": at_least(0), "num_epochs": at_least(1), "max_steps": at_least(0),
     "max_minutes": at_least(0), "lr": (lambda value: value > 0, "above 0"), "warmup_steps": at_least(1),
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),
@@ -249,13 +252,15 @@ RECORDED_TYPES = {"vocab_size": (int,), "vocab_sha256": (str, type(None)), "bpe_
                   "data_dir": (str,)}
 #: How the types a value may have are named to the user.
 TYPE_NAMES = {(int,): "an integer", (float, int): "a number", (str,): "a string", (bool,): "true or false",
-              (str, type(None)): "a string or null"}
+              (str, type(None)): "a string or null", (float, int, type(None)): "a number or null"}
 
 
 def expected_types(action):
     """The Python types a value of an argparse action may have in hparams.json: a float flag takes integers."""
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         return (bool,)
+    if action.type is float and action.default is None:  # null stands for another flag's value
+        return (float, int, type(None))
     return {int: (int,), float: (float, int)}.get(action.type, (str,))
 
 

@@ -46,7 +46,8 @@ class ModelConfig:
     d_ff: int = 512        # inner width of the feed-forward sublayers (Section 3.3)
     num_blocks: int = 3    # blocks of the encoder, and of the decoder
     num_heads: int = 8     # h (Section 3.2.2); d_model is a multiple of it
-    dropout_rate: float = 0.1  # P_drop (Section 5.4)
+    dropout_rate: float = 0.1  # P_drop (Section 5.4): on the embeddings and on every sublayer's output
+    attention_dropout: float = 0.1  # on the attention weights (the paper's base model: P_drop there too)
     norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
     smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
     precision: str = "fp32"    # "fp32", "bf16" or "fp16": the dtype of the matrix products (COMPUTE_DTYPES)
@@ -54,8 +55,12 @@ class ModelConfig:
 
     @classmethod
     def from_flags(cls, hp):
-        """The config of resolved flags hp (hparams.py; precision already resolved, not "auto")."""
-        return cls(**{field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)})
+        """The config of resolved flags hp (hparams.py; precision already resolved, not "auto"). An attention_dropout
+        of None (not given, or a model trained before the flag existed) is dropout_rate."""
+        values = {field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)}
+        if values["attention_dropout"] is None:
+            values["attention_dropout"] = values["dropout_rate"]
+        return cls(**values)
 
 
 class Transformer:
@@ -94,7 +99,7 @@ class Transformer:
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     enc, _ = self_attention(enc, src_biases, cfg.num_heads, cfg.dropout_rate, training,
                                             scope="multihead_attention", norm_type=cfg.norm_type, dtype=self.dtype,
-                                            fused_kernels=self.fused_kernels)
+                                            fused_kernels=self.fused_kernels, attention_dropout=cfg.attention_dropout)
                     enc = ff(enc, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
                              norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels)
             memory = self._final_ln(enc)
@@ -114,10 +119,11 @@ class Transformer:
                 with tf1.variable_scope("num_blocks_{}".format(i)):
                     dec, _ = self_attention(dec, None, cfg.num_heads, cfg.dropout_rate, training, causality=True,
                                             scope="self_attention", norm_type=cfg.norm_type, dtype=self.dtype,
-                                            fused_kernels=self.fused_kernels)
+                                            fused_kernels=self.fused_kernels, attention_dropout=cfg.attention_dropout)
                     dec, attention = cross_attention(dec, memory, src_biases, cfg.num_heads, cfg.dropout_rate, training,
                                                      scope="vanilla_attention", norm_type=cfg.norm_type,
-                                                     dtype=self.dtype, fused_kernels=self.fused_kernels)
+                                                     dtype=self.dtype, fused_kernels=self.fused_kernels,
+                                                     attention_dropout=cfg.attention_dropout)
                     dec = ff(dec, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
                              norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels)
             return self._final_ln(dec), attention

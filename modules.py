@@ -285,28 +285,31 @@ def sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_ke
 
 
 def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality, dropout_rate, training, norm_type,
-                              dtype, fused_kernels=False):
+                              dtype, fused_kernels=False, attention_dropout=0.):
     """The part of an attention sublayer after the projections: the heads' attention, the output projection `o`
     (in the current variable scope), the residual connection and layer norm (Sections 3.2.2 and 3.1).
 
     queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N*h, T_q, d_model/h). K, V: (N*h, T_k,
     d_model/h), split into heads. key_masks: (N, T_k) bool or None. fused_kernels: as for self_attention.
+    dropout_rate: on the sublayer's output; attention_dropout: on the attention weights.
     Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
     """
-    outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
+    outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, attention_dropout, training,
                                          fused_kernels)
     outputs = dense(outputs, queries.shape[-1], scope="o", dtype=dtype)
     return sublayer_output(queries, outputs, norm_type, dropout_rate, training, fused_kernels), attention
 
 
 def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=True, causality=False,
-                   scope="self_attention", norm_type="post", dtype=tf.float32, fused_kernels=False):
+                   scope="self_attention", norm_type="post", dtype=tf.float32, fused_kernels=False,
+                   attention_dropout=0.):
     """Multi-head self-attention sublayer with residual connection and layer norm (Sections 3.2.2 and 3.1; pre-norm:
     Xiong et al., 2020): queries, keys and values are all projected from the sublayer's input x (LN(inputs) for
     norm_type "pre"), by one matrix product over the q, k and v kernels side by side.
 
     inputs: (N, T, d_model). key_masks: (N, T) bool, True at padding; None attends to every key.
     causality: if True, position t attends only to positions <= t.
+    dropout_rate: on the sublayer's output, before the residual add; attention_dropout: on the attention weights.
     dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision: Q, K, V and the
         heads' outputs stay in it from one product to the next; softmax, residual and layer norm are float32).
     fused_kernels: while training, the attention's softmax and dropout in one kernel, and the residual connection
@@ -318,17 +321,18 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
         x = sublayer_input(inputs, norm_type)
         Q, K, V = fused_heads(x, inputs.shape[-1], ("q", "k", "v"), num_heads, dtype)  # each (N*h, T, d_model/h)
         return attention_sublayer_output(inputs, Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
-                                         norm_type, dtype, fused_kernels)
+                                         norm_type, dtype, fused_kernels, attention_dropout)
 
 
 def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., training=True,
-                    scope="vanilla_attention", norm_type="post", dtype=tf.float32, fused_kernels=False):
+                    scope="vanilla_attention", norm_type="post", dtype=tf.float32, fused_kernels=False,
+                    attention_dropout=0.):
     """Multi-head attention of the decoder over the encoder's output, with residual connection and layer norm
     (Sections 3.2.2 and 3.2.3): queries are projected from the sublayer's input x (LN(queries) for norm_type "pre"),
     keys and values from memory, by one matrix product over the k and v kernels side by side.
 
     queries: (N, T_q, d_model). memory: (N, T_k, d_model), the encoder's output. key_masks: (N, T_k) bool, True at
-    padding. dtype, fused_kernels: as for self_attention.
+    padding. dropout_rate, attention_dropout, dtype, fused_kernels: as for self_attention.
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
@@ -338,7 +342,7 @@ def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., tr
         Q = split_heads(dense(x, d_model, scope="q", dtype=dtype), num_heads)  # (N*h, T_q, d_model/h)
         K, V = fused_heads(memory, d_model, ("k", "v"), num_heads, dtype)  # each (N*h, T_k, d_model/h)
         return attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, False, dropout_rate, training,
-                                         norm_type, dtype, fused_kernels)
+                                         norm_type, dtype, fused_kernels, attention_dropout)
 
 
 def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post",

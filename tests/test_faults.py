@@ -22,12 +22,14 @@ import tensorflow as tf
 import avg_checkpoints
 import export
 import hparams
+import logdir as logdir_tools
 import plot_attention
 import prepro
 import test as test_cli
 import train
 import translate
 from datadir import MANIFEST_NAME
+from model import ModelConfig
 from in_process import run_in_process
 
 
@@ -450,6 +452,8 @@ EDITS = [
     ({"bpe_sha256": 1}, "bpe_sha256 is 1 but must be a string or null"),
     ({"data_dir": 5}, "data_dir is 5 but must be a string"),
     ({"dropout_rate": 2}, "dropout_rate is 2, out of range: it must be at least 0 and below 1"),
+    ({"attention_dropout": "0.1"}, 'attention_dropout is "0.1" but must be a number or null'),
+    ({"attention_dropout": 1.5}, "attention_dropout is 1.5, out of range: it must be at least 0 and below 1"),
     ({"seed": -3}, "seed is -3, out of range"),
 ]
 
@@ -463,6 +467,21 @@ def test_a_hand_edited_hparams_json_is_one_line_naming_the_file_and_key(tiny_mod
     for tool, args in (("train.py", ["--logdir", logdir]), ("test.py", ["--logdir", logdir]),
                        ("translate.py", ["--logdir", logdir, "eins"])):
         assert "%s: %s" % (logdir / "hparams.json", phrase) in one_line(capsys, tool, *args), tool
+
+
+@pytest.mark.parametrize("saved_value, given, expected", [("absent", [], 0.3), (None, [], 0.3), (0.05, [], 0.05),
+                                                           (None, ["--attention_dropout", "0.1"], 0.1)])
+def test_attention_dropout_not_given_or_from_before_the_flag_is_the_dropout_rate(tiny_model, tmp_path, saved_value,
+                                                                                 given, expected):
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    saved = {**json.loads((Path(tiny_model[0]) / "hparams.json").read_text()), "dropout_rate": 0.3}
+    saved.pop("attention_dropout", None)
+    if saved_value != "absent":
+        saved["attention_dropout"] = saved_value
+    (logdir / "hparams.json").write_text(json.dumps(saved))
+    hp = logdir_tools.load_trained_hparams(str(logdir), hparams.parse_flags(hparams.Hparams().parser, given)[1])
+    assert ModelConfig.from_flags(hp).attention_dropout == expected
 
 
 def test_export_refuses_a_quantization_the_savedmodel_would_ignore(tiny_model, tmp_path, capsys):

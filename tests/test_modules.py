@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import kernels
 from model_fixtures import one_hot_smoothed_cross_entropy
 from loss import output_loss, smoothed_cross_entropy
 from modules import (dense, dropout, fused_heads, get_token_embeddings, label_smoothing, ln, ln_reference, ln_variables,
-                     noam_cooldown_scheme, noam_scheme, positional_encoding, scaled_dot_product_attention, split_heads,
-                     warmup_decay_scheme)
+                     noam_cooldown_scheme, noam_scheme, positional_encoding, scaled_dot_product_attention,
+                     self_attention, split_heads, warmup_decay_scheme)
 
 tf1 = tf.compat.v1
 
@@ -59,6 +60,30 @@ def test_dropout_rate_scale_gradient_and_seed():
     np.testing.assert_array_equal(dropped, again)
     assert (dropped != other_seed).mean() > 0.1 and set(np.unique(small)) <= {0.0, 2.0}
     assert run(lambda: dropout(tf.ones([3]), 0.1, training=False)).tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("fused_kernels", [False, True])
+def test_attention_sublayer_drops_its_weights_and_its_output_at_their_own_rates(fused_kernels):
+    """dropout_rate acts on the sublayer's output and attention_dropout on the attention weights: with both 0 the
+    training output is the inference output, and either one alone changes it."""
+    if fused_kernels:
+        try:
+            kernels.load()
+        except kernels.KernelsUnavailable as e:
+            pytest.skip(str(e))
+    x = np.random.RandomState(0).randn(2, 5, 8).astype(np.float32)
+
+    def train_minus_inference(dropout_rate, attention_dropout):
+        def build():
+            tf1.set_random_seed(1)
+            outputs = [self_attention(tf.constant(x), None, 2, dropout_rate, training, fused_kernels=fused_kernels,
+                                      attention_dropout=attention_dropout)[0] for training in (True, False)]
+            return outputs[0] - outputs[1]
+        return np.abs(run(build)).max()
+
+    assert train_minus_inference(0.0, 0.0) < 1e-6
+    assert train_minus_inference(0.0, 0.5) > 1e-2
+    assert train_minus_inference(0.5, 0.0) > 1e-2
 
 
 def test_padding_embedding_row_is_zero_and_gets_no_gradient():
