@@ -73,3 +73,15 @@ def test_explicit_flags_are_those_on_the_command_line_even_at_their_default():
     assert args.beam_size == 1 and args.d_model == 256 and args.truncate
     args, given = parse_flags(translate.build_parser(), ["eins", "--alpha", "0.5", "zwei"], intermixed=True)
     assert args.sentences == ["eins", "zwei"] and given["alpha"] == 0.5 and "beam_size" not in given
+
+
+def test_the_dev_evaluation_writes_bleu_and_an_attention_image_of_the_first_batch(tiny_model):
+    import tensorflow as tf
+    logdir, _ = tiny_model
+    values = {(event.step, value.tag): value for path in sorted(os.listdir(logdir)) if path.startswith("events.out")
+              for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, path))
+              for value in event.summary.value}
+    image = values[(60, "eval_attention/image/0")].image
+    assert (60, "dev_bleu") in values
+    # one image of the first dev sentence's last-block attention: its translation's positions by its source's
+    assert image.encoded_image_string.startswith(b"\x89PNG") and image.height > 1 and image.width > 1
