@@ -78,6 +78,8 @@ class Hparams:
         group.add_argument("--dropout_rate", type=float, default=0.1, help="dropout on embeddings and sublayers")
         group.add_argument("--attention_dropout", type=float, default=None,
                            help="dropout on the attention weights (softmax outputs); default: --dropout_rate")
+        group.add_argument("--relu_dropout", type=float, default=0.0,
+                           help="dropout on the feed-forward sublayers' inner ReLU activations (the paper has none)")
         group.add_argument("--norm_type", choices=["post", "pre"], default="post",
                            help="post: LN(x + f(x)) as in the paper; pre: x + f(LN(x)), steadier when deep")
 
@@ -204,6 +206,7 @@ RANGES = {
     # dropout draws are 16-bit: a rate within 2^-17 of 1 would round to dropping everything
     "dropout_rate": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
     "attention_dropout": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
+    "relu_dropout": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
     "batch_size": at_least(1), "bucket_growth": at_least(0), "num_epochs": at_least(1), "max_steps": at_least(0),
     "max_minutes": at_least(0), "lr": (lambda value: value > 0, "above 0"), "warmup_steps": at_least(1),
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),

@@ -48,6 +48,7 @@ class ModelConfig:
     num_heads: int = 8     # h (Section 3.2.2); d_model is a multiple of it
     dropout_rate: float = 0.1  # P_drop (Section 5.4): on the embeddings and on every sublayer's output
     attention_dropout: float = 0.1  # on the attention weights (the paper's base model: P_drop there too)
+    relu_dropout: float = 0.0  # on the feed-forward sublayers' inner activations (none in the paper)
     norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
     smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
     precision: str = "fp32"    # "fp32", "bf16" or "fp16": the dtype of the matrix products (COMPUTE_DTYPES)
@@ -101,7 +102,8 @@ class Transformer:
                                             scope="multihead_attention", norm_type=cfg.norm_type, dtype=self.dtype,
                                             fused_kernels=self.fused_kernels, attention_dropout=cfg.attention_dropout)
                     enc = ff(enc, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
-                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels)
+                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels,
+                             relu_dropout=cfg.relu_dropout)
             memory = self._final_ln(enc)
         return memory, src_masks
 
@@ -125,7 +127,8 @@ class Transformer:
                                                      dtype=self.dtype, fused_kernels=self.fused_kernels,
                                                      attention_dropout=cfg.attention_dropout)
                     dec = ff(dec, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
-                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels)
+                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels,
+                             relu_dropout=cfg.relu_dropout)
             return self._final_ln(dec), attention
 
     def _output_kernel(self):

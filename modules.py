@@ -367,17 +367,20 @@ def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., tr
 
 
 def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., training=True, norm_type="post",
-       dtype=tf.float32, fused_kernels=False):
+       dtype=tf.float32, fused_kernels=False, relu_dropout=0.):
     """Position-wise feed-forward sublayer max(0, x W1 + b1) W2 + b2 (Section 3.3) with residual and layer norm
     (Section 3.1).
 
     inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products and of the (N, T, d_ff)
     hidden activations between them. fused_kernels: as for self_attention (sublayer_output).
+    dropout_rate: on the sublayer's output, before the residual add; relu_dropout: on the hidden activations
+    (tensor2tensor's relu_dropout; the paper has none).
     Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(inputs, norm_type)
         hidden = tf.nn.relu(dense(x, num_units[0], scope="inner", dtype=dtype))  # (N, T, d_ff)
+        hidden = dropout(hidden, relu_dropout, training)
         outputs = dense(hidden, num_units[1], scope="outer", dtype=dtype)  # (N, T, d_model)
         return sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_kernels)
 

@@ -15,7 +15,8 @@ tf1 = tf.compat.v1
 TINY_MODEL_MAXLEN1 = 20
 
 SMALL = dict(vocab_size=40, d_model=32, d_ff=64, num_blocks=2, num_heads=4, dropout_rate=0.0, attention_dropout=None,
-             norm_type="post", smoothing=0.0, lr=3e-3, lr_schedule="noam", warmup_steps=50, precision="fp32", kernels="tf")
+             relu_dropout=0.0, norm_type="post", smoothing=0.0, lr=3e-3, lr_schedule="noam", warmup_steps=50,
+             precision="fp32", kernels="tf")
 
 
 def small_hp(**overrides):

@@ -454,6 +454,7 @@ EDITS = [
     ({"dropout_rate": 2}, "dropout_rate is 2, out of range: it must be at least 0 and below 1"),
     ({"attention_dropout": "0.1"}, 'attention_dropout is "0.1" but must be a number or null'),
     ({"attention_dropout": 1.5}, "attention_dropout is 1.5, out of range: it must be at least 0 and below 1"),
+    ({"relu_dropout": -0.1}, "relu_dropout is -0.1, out of range: it must be at least 0 and below 1"),
     ({"seed": -3}, "seed is -3, out of range"),
 ]
 
@@ -482,6 +483,20 @@ def test_attention_dropout_not_given_or_from_before_the_flag_is_the_dropout_rate
     (logdir / "hparams.json").write_text(json.dumps(saved))
     hp = logdir_tools.load_trained_hparams(str(logdir), hparams.parse_flags(hparams.Hparams().parser, given)[1])
     assert ModelConfig.from_flags(hp).attention_dropout == expected
+
+
+@pytest.mark.parametrize("saved_value, given, expected", [("absent", [], 0.0), (0.1, [], 0.1),
+                                                           (0.1, ["--relu_dropout", "0.2"], 0.2)])
+def test_relu_dropout_from_before_the_flag_is_none(tiny_model, tmp_path, saved_value, given, expected):
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    saved = json.loads((Path(tiny_model[0]) / "hparams.json").read_text())
+    saved.pop("relu_dropout", None)
+    if saved_value != "absent":
+        saved["relu_dropout"] = saved_value
+    (logdir / "hparams.json").write_text(json.dumps(saved))
+    hp = logdir_tools.load_trained_hparams(str(logdir), hparams.parse_flags(hparams.Hparams().parser, given)[1])
+    assert ModelConfig.from_flags(hp).relu_dropout == expected
 
 
 def test_export_refuses_a_quantization_the_savedmodel_would_ignore(tiny_model, tmp_path, capsys):

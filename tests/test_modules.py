@@ -8,7 +8,7 @@ import tensorflow as tf
 import kernels
 from model_fixtures import one_hot_smoothed_cross_entropy
 from loss import output_loss, smoothed_cross_entropy
-from modules import (affine, dense, dropout, fused_heads, get_token_embeddings, label_smoothing, ln, ln_reference,
+from modules import (affine, dense, dropout, ff, fused_heads, get_token_embeddings, label_smoothing, ln, ln_reference,
                      ln_variables, noam_cooldown_scheme, noam_scheme, positional_encoding,
                      scaled_dot_product_attention, self_attention, split_heads, warmup_decay_scheme)
 
@@ -84,6 +84,24 @@ def test_attention_sublayer_drops_its_weights_and_its_output_at_their_own_rates(
     assert train_minus_inference(0.0, 0.0) < 1e-6
     assert train_minus_inference(0.0, 0.5) > 1e-2
     assert train_minus_inference(0.5, 0.0) > 1e-2
+
+
+def test_feed_forward_drops_its_hidden_activations_at_their_own_rate():
+    """relu_dropout acts on the (N, T, d_ff) hidden activations alone: with dropout_rate 0 the sublayer's output
+    still changes in training, and with relu_dropout 0 training is inference (no dropout op at all: the graph and
+    its random stream are those of a model without the flag)."""
+    x = np.random.RandomState(0).randn(2, 5, 8).astype(np.float32)
+
+    def train_minus_inference(relu_dropout):
+        def build():
+            tf1.set_random_seed(1)
+            outputs = [ff(tf.constant(x), [16, 8], training=training, relu_dropout=relu_dropout)
+                       for training in (True, False)]
+            return outputs[0] - outputs[1]
+        return np.abs(run(build)).max()
+
+    assert train_minus_inference(0.0) == 0.0
+    assert train_minus_inference(0.5) > 1e-2
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16])
