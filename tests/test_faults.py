@@ -470,33 +470,32 @@ def test_a_hand_edited_hparams_json_is_one_line_naming_the_file_and_key(tiny_mod
         assert "%s: %s" % (logdir / "hparams.json", phrase) in one_line(capsys, tool, *args), tool
 
 
+def restored_config(tiny_model, tmp_path, key, saved_value, given, **saved_edits):
+    """The ModelConfig that a logdir restores whose hparams.json is the tiny model's with saved_edits and `key` set to
+    saved_value (or left out: "absent"), when the command line gives `given`."""
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    saved = {**json.loads((Path(tiny_model[0]) / "hparams.json").read_text()), **saved_edits}
+    saved.pop(key, None)
+    if saved_value != "absent":
+        saved[key] = saved_value
+    (logdir / "hparams.json").write_text(json.dumps(saved))
+    hp = logdir_tools.load_trained_hparams(str(logdir), hparams.parse_flags(hparams.Hparams().parser, given)[1])
+    return ModelConfig.from_flags(hp)
+
+
 @pytest.mark.parametrize("saved_value, given, expected", [("absent", [], 0.3), (None, [], 0.3), (0.05, [], 0.05),
                                                            (None, ["--attention_dropout", "0.1"], 0.1)])
 def test_attention_dropout_not_given_or_from_before_the_flag_is_the_dropout_rate(tiny_model, tmp_path, saved_value,
                                                                                  given, expected):
-    logdir = tmp_path / "run"
-    logdir.mkdir()
-    saved = {**json.loads((Path(tiny_model[0]) / "hparams.json").read_text()), "dropout_rate": 0.3}
-    saved.pop("attention_dropout", None)
-    if saved_value != "absent":
-        saved["attention_dropout"] = saved_value
-    (logdir / "hparams.json").write_text(json.dumps(saved))
-    hp = logdir_tools.load_trained_hparams(str(logdir), hparams.parse_flags(hparams.Hparams().parser, given)[1])
-    assert ModelConfig.from_flags(hp).attention_dropout == expected
+    config = restored_config(tiny_model, tmp_path, "attention_dropout", saved_value, given, dropout_rate=0.3)
+    assert config.attention_dropout == expected
 
 
 @pytest.mark.parametrize("saved_value, given, expected", [("absent", [], 0.0), (0.1, [], 0.1),
                                                            (0.1, ["--relu_dropout", "0.2"], 0.2)])
 def test_relu_dropout_from_before_the_flag_is_none(tiny_model, tmp_path, saved_value, given, expected):
-    logdir = tmp_path / "run"
-    logdir.mkdir()
-    saved = json.loads((Path(tiny_model[0]) / "hparams.json").read_text())
-    saved.pop("relu_dropout", None)
-    if saved_value != "absent":
-        saved["relu_dropout"] = saved_value
-    (logdir / "hparams.json").write_text(json.dumps(saved))
-    hp = logdir_tools.load_trained_hparams(str(logdir), hparams.parse_flags(hparams.Hparams().parser, given)[1])
-    assert ModelConfig.from_flags(hp).relu_dropout == expected
+    assert restored_config(tiny_model, tmp_path, "relu_dropout", saved_value, given).relu_dropout == expected
 
 
 def test_export_refuses_a_quantization_the_savedmodel_would_ignore(tiny_model, tmp_path, capsys):
