@@ -494,7 +494,7 @@ def test_attention_dropout_not_given_or_from_before_the_flag_is_the_dropout_rate
 
 @pytest.mark.parametrize("saved_value, given, expected", [("absent", [], 0.0), (0.1, [], 0.1),
                                                            (0.1, ["--relu_dropout", "0.2"], 0.2)])
-def test_relu_dropout_from_before_the_flag_is_none(tiny_model, tmp_path, saved_value, given, expected):
+def test_relu_dropout_from_before_the_flag_is_zero(tiny_model, tmp_path, saved_value, given, expected):
     assert restored_config(tiny_model, tmp_path, "relu_dropout", saved_value, given).relu_dropout == expected
 
 
