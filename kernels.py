@@ -5,6 +5,7 @@ each, where TensorFlow runs one op, and one pass, per operation.
     y = residual_dropout_ln(x, f, gamma, beta, rate, epsilon)   # LN(x + dropout(f)), its gradient fused too
     attention, dropped = attention_softmax_dropout(s, biases, scale, causal, rate)   # softmax and its dropout
     losses, probs = smoothed_cross_entropy(logits, labels, logit_means, epsilon)   # the output layer's loss
+    total = accumulate(total, addend)              # float32 total + 16-bit addend, in place
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
 under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
@@ -26,7 +27,8 @@ import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name)
-           for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc")]
+           for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
+                         "accumulate.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
@@ -162,6 +164,14 @@ def smoothed_cross_entropy(logits, labels, logit_means, epsilon):
     caller (loss.output_loss) applies p in its own gradient.
     """
     return load().smoothed_cross_entropy(logits, labels, logit_means, epsilon=epsilon)
+
+
+def accumulate(total, addend):
+    """total + tf.cast(addend, tf.float32) in one pass, written over total's buffer when nothing else holds it.
+
+    total: float32, any shape. addend: the same shape in bfloat16 or float16. Returns float32. No gradient: the
+    caller (loss.output_loss) sums its own gradients with it."""
+    return load().accumulate(total, addend)
 
 
 def keep_decisions(seed, shape, rate):

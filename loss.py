@@ -44,9 +44,11 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
     hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V, d_model) float32,
     the output projection W. labels: (M,) int32. dtype: of the matrix products (bfloat16 or float16 for mixed
     precision). fused_kernels: with a 16-bit dtype, each chunk's softmax and losses in one kernel that reads the
-    logits in dtype (kernels.smoothed_cross_entropy). Returns the sum of the M losses, a float32 scalar.
+    logits in dtype (kernels.smoothed_cross_entropy), and each chunk's embedding gradient added to the float32 sum
+    in one pass (kernels.accumulate). Returns the sum of the M losses, a float32 scalar.
     """
     d_model = hidden.shape[-1]
+    fused = fused_kernels and dtype != tf.float32  # in float32, oneDNN's softmax is as fast without casts
     rows = tf.shape(hidden)[0]
     padding = -rows % chunk_rows
     real_rows = tf.range(rows + padding) < rows  # (M + padding,)
@@ -58,27 +60,31 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
         mean_embedding = tf.reduce_mean(embeddings, axis=0)  # (d_model,)
         logit_means = tf.linalg.matvec(hidden, mean_embedding)  # (M + padding,)
 
-        def body(start, total, hidden_grads, embedding_grads):  # hidden_grads: one (chunk_rows, d_model) per chunk
+        def body(start, losses, hidden_grads, embedding_grads):  # losses, hidden_grads: one entry per chunk
             chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
             logits = tf.matmul(chunk, weights, transpose_b=True)  # (chunk_rows, V) in dtype
             chunk_labels, chunk_means = labels[start:start + chunk_rows], logit_means[start:start + chunk_rows]
-            if fused_kernels and dtype != tf.float32:  # in float32, oneDNN's softmax is as fast without casts
-                losses, probs = kernels.smoothed_cross_entropy(logits, chunk_labels, chunk_means, epsilon)
+            if fused:
+                chunk_losses, probs = kernels.smoothed_cross_entropy(logits, chunk_labels, chunk_means, epsilon)
             else:
-                losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32), chunk_labels, chunk_means,
-                                                       epsilon)
+                chunk_losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32), chunk_labels, chunk_means,
+                                                             epsilon)
                 probs = tf.cast(probs, dtype)  # (chunk_rows, V)
             chunk_grads = tf.cast(tf.matmul(probs, weights), tf.float32)  # (chunk_rows, d_model)
-            embedding_grads += tf.cast(tf.matmul(probs, chunk, transpose_a=True), tf.float32)  # (V, d_model)
-            total += tf.reduce_sum(tf.where(real_rows[start:start + chunk_rows], losses, 0.0))
-            return start + chunk_rows, total, hidden_grads.write(start // chunk_rows, chunk_grads), embedding_grads
+            product = tf.matmul(probs, chunk, transpose_a=True)  # (V, d_model) in dtype
+            embedding_grads = (kernels.accumulate(embedding_grads, product) if fused
+                               else embedding_grads + tf.cast(product, tf.float32))
+            index = start // chunk_rows
+            return (start + chunk_rows, losses.write(index, chunk_losses), hidden_grads.write(index, chunk_grads),
+                    embedding_grads)
 
-        hidden_grads = tf.TensorArray(tf.float32, size=tf.shape(hidden)[0] // chunk_rows,
-                                      element_shape=[chunk_rows, d_model])
-        _, total, hidden_grads, embedding_grads = tf.while_loop(
-            lambda start, *_: start < rows, body,
-            [tf.constant(0), tf.constant(0.0), hidden_grads, tf.zeros_like(embeddings)],
+        chunks = tf.shape(hidden)[0] // chunk_rows
+        losses = tf.TensorArray(tf.float32, size=chunks, element_shape=[chunk_rows])
+        hidden_grads = tf.TensorArray(tf.float32, size=chunks, element_shape=[chunk_rows, d_model])
+        _, losses, hidden_grads, embedding_grads = tf.while_loop(
+            lambda start, *_: start < rows, body, [tf.constant(0), losses, hidden_grads, tf.zeros_like(embeddings)],
             parallel_iterations=1)  # one chunk at a time
+        total = tf.reduce_sum(tf.where(real_rows, losses.concat(), 0.0))
         hidden_grads = (hidden_grads.concat() - (1 - epsilon) * tf.gather(embeddings, labels)
                         - epsilon * mean_embedding)  # (M + padding, d_model)
         embedding_grads = tf.tensor_scatter_nd_sub(

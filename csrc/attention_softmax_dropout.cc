@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "Eigen/Core"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -23,13 +24,16 @@ namespace {
 using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
 // Rows [first, last) of the (N * T_q, T_k) weights p = softmax(scale * s + bias) (0 after the query when causal)
-// and of keep * p. A function of its arguments alone, so that the compiler vectorizes the loops.
+// and of keep * p. A function of its arguments alone, so that the compiler vectorizes the loops. Rows are often
+// shorter than 32 keys: the block's keep decisions are drawn in one pass, and each row's max and sum go through
+// Eigen's vector reductions (a plain loop's reduction falls back to one key at a time on rows that short).
 template <typename T>
 void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bias_stride, int64_t t_q, int64_t t_k,
                   float scale, bool causal, uint64_t key, int threshold, float keep_scale, int64_t first, int64_t last,
                   float* __restrict ps, T* __restrict ds) {
-  std::vector<float> keep(t_k), z(t_k);
-  std::vector<uint64_t> words(t_k / 4 + 2);
+  std::vector<float> keeps((last - first) * t_k), z(t_k);
+  std::vector<uint64_t> words((last - first) * t_k / 4 + 2);
+  keep_scales(key, first * t_k, (last - first) * t_k, threshold, keep_scale, words.data(), keeps.data());
   int64_t query = first % t_q;  // row = (batch entry) * t_q + query
   const float* bias = bs + (first / t_q) * bias_stride;
   for (int64_t row = first; row < last; ++row, ++query) {
@@ -38,21 +42,12 @@ void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bi
       bias += bias_stride;
     }
     const int64_t at = row * t_k;
+    const float* keep = keeps.data() + (row - first) * t_k;
     const int64_t width = causal ? std::min(t_k, query + 1) : t_k;  // keys with weight > 0 possible
-    float top = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : top)
-    for (int64_t j = 0; j < width; ++j) {
-      z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
-      top = z[j] > top ? z[j] : top;  // (std::max does not vectorize here)
-    }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < width; ++j) {
-      z[j] = exp_nonpositive(z[j] - top);
-      sum += z[j];
-    }
-    const float inv = 1.0f / sum;
-    row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
+    for (int64_t j = 0; j < width; ++j) z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
+    const float top = Eigen::Map<const Eigen::ArrayXf>(z.data(), width).maxCoeff();
+    for (int64_t j = 0; j < width; ++j) z[j] = exp_nonpositive(z[j] - top);
+    const float inv = 1.0f / Eigen::Map<const Eigen::ArrayXf>(z.data(), width).sum();
     for (int64_t j = 0; j < width; ++j) {
       const float p = z[j] * inv;
       ps[at + j] = p;
@@ -105,21 +100,21 @@ class AttentionSoftmaxDropoutOp : public OpKernel {
 };
 
 // Rows [first, last) of d_s = scale * p * (dp - sum_j p_j dp_j), dp = keep * d_dropped: the gradient of the
-// weights before dropout, through the softmax.
+// weights before dropout, through the softmax (keep decisions and the row sums as in forward_rows).
 template <typename T>
 void backward_rows(const T* __restrict dds, const float* __restrict ps, int64_t t_k, float scale, uint64_t key,
                    int threshold, float keep_scale, int64_t first, int64_t last, T* __restrict out) {
-  std::vector<float> keep(t_k), dp(t_k);
-  std::vector<uint64_t> words(t_k / 4 + 2);
+  std::vector<float> keeps((last - first) * t_k), dp(t_k), products(t_k);
+  std::vector<uint64_t> words((last - first) * t_k / 4 + 2);
+  keep_scales(key, first * t_k, (last - first) * t_k, threshold, keep_scale, words.data(), keeps.data());
   for (int64_t row = first; row < last; ++row) {
     const int64_t at = row * t_k;
-    row_keep_scales(key, at, t_k, threshold, keep_scale, words.data(), keep.data());
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
+    const float* keep = keeps.data() + (row - first) * t_k;
     for (int64_t j = 0; j < t_k; ++j) {
       dp[j] = keep[j] * static_cast<float>(dds[at + j]);
-      dot += ps[at + j] * dp[j];
+      products[j] = ps[at + j] * dp[j];
     }
+    const float dot = Eigen::Map<const Eigen::ArrayXf>(products.data(), t_k).sum();
     for (int64_t j = 0; j < t_k; ++j) out[at + j] = narrow<T>(scale * ps[at + j] * (dp[j] - dot));
   }
 }

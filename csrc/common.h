@@ -36,10 +36,10 @@ inline uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// The scale of each of one row's entries [start, start + d) of the flattened tensor: `scale` where kept, else 0.
-// words: scratch for the row's random words, d / 4 + 2 of them.
-inline void row_keep_scales(uint64_t key, int64_t start, int64_t d, int threshold, float scale, uint64_t* words,
-                            float* out) {
+// The scale of each of the entries [start, start + d) of the flattened tensor (a row, or a block of rows):
+// `scale` where kept, else 0. words: scratch for their random words, d / 4 + 2 of them.
+inline void keep_scales(uint64_t key, int64_t start, int64_t d, int threshold, float scale, uint64_t* words,
+                        float* out) {
   const int64_t first = start >> 2, last = (start + d - 1) >> 2;
   for (int64_t w = first; w <= last; ++w) words[w - first] = mix(key + (static_cast<uint64_t>(w) + 1) * GOLDEN);
   // lane k of a word is its k-th int16 in memory on a little-endian CPU (read through a type that may alias it)

@@ -28,7 +28,7 @@ void forward_rows(const float* __restrict xs, const T* __restrict fs, const floa
   std::vector<uint64_t> words(d / 4 + 2);
   for (int64_t row = first; row < last; ++row) {
     const int64_t at = row * d;
-    row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
+    keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < d; ++j) {
@@ -117,7 +117,7 @@ void backward_rows(const float* __restrict dys, const float* __restrict hats, co
       beta_sums[j] += dys[at + j];
     }
     const float mean_g = sum_g / d, mean_gx = sum_gx / d, inv = rstds[row];
-    row_keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
+    keep_scales(key, at, d, threshold, scale, words.data(), keep.data());
     for (int64_t j = 0; j < d; ++j) {
       const float grad = inv * (gg[j] - mean_g - hats[at + j] * mean_gx);
       dxs[at + j] = grad;

@@ -131,6 +131,19 @@ def test_smoothed_cross_entropy_rejects_a_label_outside_the_vocabulary(ops):
             sess.run(ops.smoothed_cross_entropy(tf.zeros([2, 5]), [1, 5], [0.0, 0.0], epsilon=0.1))
 
 
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_accumulate_equals_the_cast_and_the_add_and_leaves_a_shared_total_alone(ops, dtype):
+    rng = np.random.RandomState(5)
+    total, addend = rng.randn(1001, 7).astype(np.float32), rng.randn(1001, 7).astype(np.float32)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        shared = tf.constant(total) * 1.0  # also read by the reference below, so it must not be overwritten
+        x = tf.cast(tf.constant(addend), dtype)
+        fused, reference = ops.accumulate(shared, x), shared + tf.cast(x, tf.float32)
+        fused_value, reference_value, shared_value = sess.run([fused, reference, shared])
+    np.testing.assert_array_equal(fused_value, reference_value)  # one float32 add of the widened value: exact
+    np.testing.assert_array_equal(shared_value, total)
+
+
 def test_keep_decisions_follow_the_rate_and_the_seed():
     keep = kernels.keep_decisions((5, 6), (601, 333), 0.1)
     assert abs(1 - keep.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
