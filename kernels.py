@@ -6,11 +6,12 @@ each, where TensorFlow runs one op, and one pass, per operation.
     attention, dropped = attention_softmax_dropout(s, biases, scale, causal, rate)   # softmax and its dropout
     losses, probs = smoothed_cross_entropy(logits, labels, logit_means, epsilon)   # the output layer's loss
     total = accumulate(total, addend)              # float32 total + 16-bit addend, in place
+    y = embedding_dropout(e, encodings, scale, rate)   # dropout(e * scale + PE), its gradient fused too
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
 under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
-Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention and loss.output_loss use
-these kernels in training when the model's config says "fused" (--kernels, resolved by resolve_kernels); the
+Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention, loss.output_loss and
+model.Transformer's embedding use these kernels in training when the model's config says "fused" (--kernels, resolved by resolve_kernels); the
 TensorFlow ops they replace stay the reference that tests/test_kernels.py holds them to.
 """
 import functools
@@ -28,7 +29,7 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
-                         "accumulate.cc")]
+                         "accumulate.cc", "embedding_dropout.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
@@ -164,6 +165,24 @@ def smoothed_cross_entropy(logits, labels, logit_means, epsilon):
     caller (loss.output_loss) applies p in its own gradient.
     """
     return load().smoothed_cross_entropy(logits, labels, logit_means, epsilon=epsilon)
+
+
+def embedding_dropout(embedded, encodings, scale, rate):
+    """dropout(embedded * scale + encodings) (Sections 3.4, 3.5 and 5.4) in one kernel, forward and backward.
+
+    embedded: (N, T, d) float32, the embedding rows of the ids. encodings: (T, d) float32, the positional encodings
+    (no gradient). scale: sqrt(d_model). rate: the dropout rate (a Python float). Returns (N, T, d) float32: what
+    modules.dropout(embedded * scale + encodings, rate, True) computes, but with keep decisions of its own
+    (keep_decisions) that the backward kernel draws again instead of storing.
+    """
+    return load().embedding_dropout(embedded, encodings, dropout_seed(), scale=scale, rate=rate)
+
+
+@tf.RegisterGradient("EmbeddingDropout")
+def _embedding_dropout_grad(op, dy):
+    """The embedding rows' gradient from the same seed (none for the encodings or the seed)."""
+    return (load().embedding_dropout_grad(dy, op.inputs[2], scale=op.get_attr("scale"), rate=op.get_attr("rate")),
+            None, None)
 
 
 def accumulate(total, addend):

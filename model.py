@@ -24,6 +24,7 @@ import dataclasses
 import tensorflow as tf
 
 from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
+from kernels import embedding_dropout
 from loss import output_loss
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
                      get_token_embeddings, head_biases, key_biases, ln, noam_cooldown_scheme, noam_scheme,
@@ -76,10 +77,14 @@ class Transformer:
 
     # ---------------------------------------------------------------- encoder and decoder stacks
     def _embed(self, ids, training, start=0):
-        """ids: (N, T) int32. Returns embeddings * sqrt(d_model) + positional encoding, (N, T, d_model)."""
-        outputs = tf.nn.embedding_lookup(self.embeddings, ids) * self.config.d_model ** 0.5
-        outputs += positional_encoding(outputs, start)
-        return dropout(outputs, self.config.dropout_rate, training)
+        """ids: (N, T) int32. Returns dropout(embeddings * sqrt(d_model) + positional encoding), (N, T, d_model)
+        (in training with the fused kernels, in one kernel: kernels.embedding_dropout)."""
+        embedded = tf.nn.embedding_lookup(self.embeddings, ids)  # (N, T, d_model)
+        encodings = positional_encoding(embedded, start)  # (1, T, d_model)
+        scale, rate = self.config.d_model ** 0.5, self.config.dropout_rate
+        if self.fused_kernels and training and rate > 0:
+            return embedding_dropout(embedded, encodings[0], scale, rate)
+        return dropout(embedded * scale + encodings, rate, training)
 
     def _final_ln(self, outputs):
         """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones are normalized already."""

@@ -131,6 +131,22 @@ def test_smoothed_cross_entropy_rejects_a_label_outside_the_vocabulary(ops):
             sess.run(ops.smoothed_cross_entropy(tf.zeros([2, 5]), [1, 5], [0.0, 0.0], epsilon=0.1))
 
 
+@pytest.mark.parametrize("shape,rate", [((3, 5, 16), 0.1), ((2, 7, 33), 0.3), ((1, 1, 8), 0.5)])
+def test_embedding_dropout_matches_tensorflow_ops(ops, shape, rate):
+    rng = np.random.RandomState(3)
+    embedded, encodings = rng.randn(*shape).astype(np.float32), rng.randn(*shape[1:]).astype(np.float32)
+    upstream = rng.randn(*shape).astype(np.float32)
+    keep = kernels.keep_decisions((8, 9), shape, rate)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        e = tf.constant(embedded)
+        fused = ops.embedding_dropout(e, encodings, tf.constant([8, 9]), scale=4.0, rate=rate)
+        reference = tf.where(keep, (e * 4.0 + encodings) / (1 - rate), 0.0)
+        values = sess.run([fused, reference] + tf.gradients(fused, e, upstream) + tf.gradients(reference, e, upstream))
+    for a, b in (values[:2], values[2:]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert ((values[0] == 0) == ~keep).all()
+
+
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 def test_accumulate_equals_the_cast_and_the_add_and_leaves_a_shared_total_alone(ops, dtype):
     rng = np.random.RandomState(5)
