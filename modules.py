@@ -379,9 +379,13 @@ def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., tra
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(inputs, norm_type)
-        hidden = tf.nn.relu(dense(x, num_units[0], scope="inner", dtype=dtype))  # (N, T, d_ff)
+        rows = x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])  # (N*T, d_model)
+        # the ReLU right after the product and its bias (no reshape between), so oneDNN runs the three as one op
+        hidden = tf.nn.relu(dense(rows, num_units[0], scope="inner", dtype=dtype))  # (N*T, d_ff)
         hidden = dropout(hidden, relu_dropout, training)
-        outputs = dense(hidden, num_units[1], scope="outer", dtype=dtype)  # (N, T, d_model)
+        outputs = dense(hidden, num_units[1], scope="outer", dtype=dtype)  # (N*T, d_model)
+        if inputs.shape.rank != 2:
+            outputs = tf.reshape(outputs, tf.shape(inputs))  # (N, T, d_model)
         return sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_kernels)
 
 
