@@ -23,6 +23,15 @@ namespace {
 
 using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
+// A row buffer of n floats starting on a 64-byte boundary inside storage. Eigen's vector reductions start their
+// packets at the first aligned address, so the summation order (and the last bits of a sum) would otherwise follow
+// wherever the heap put the buffer: with a fixed alignment every run adds in the same order.
+inline float* aligned_row(std::vector<float>& storage, int64_t n) {
+  storage.resize(n + 16);
+  const uintptr_t address = reinterpret_cast<uintptr_t>(storage.data());
+  return storage.data() + ((64 - address % 64) % 64) / sizeof(float);
+}
+
 // Rows [first, last) of the (N * T_q, T_k) weights p = softmax(scale * s + bias) (0 after the query when causal)
 // and of keep * p. A function of its arguments alone, so that the compiler vectorizes the loops. Rows are often
 // shorter than 32 keys: the block's keep decisions are drawn in one pass, and each row's max and sum go through
@@ -31,7 +40,8 @@ template <typename T>
 void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bias_stride, int64_t t_q, int64_t t_k,
                   float scale, bool causal, uint64_t key, int threshold, float keep_scale, int64_t first, int64_t last,
                   float* __restrict ps, T* __restrict ds) {
-  std::vector<float> keeps((last - first) * t_k), z(t_k);
+  std::vector<float> keeps((last - first) * t_k), z_storage;
+  float* z = aligned_row(z_storage, t_k);
   std::vector<uint64_t> words((last - first) * t_k / 4 + 2);
   keep_scales(key, first * t_k, (last - first) * t_k, threshold, keep_scale, words.data(), keeps.data());
   int64_t query = first % t_q;  // row = (batch entry) * t_q + query
@@ -45,9 +55,9 @@ void forward_rows(const T* __restrict ss, const float* __restrict bs, int64_t bi
     const float* keep = keeps.data() + (row - first) * t_k;
     const int64_t width = causal ? std::min(t_k, query + 1) : t_k;  // keys with weight > 0 possible
     for (int64_t j = 0; j < width; ++j) z[j] = static_cast<float>(ss[at + j]) * scale + bias[j];
-    const float top = Eigen::Map<const Eigen::ArrayXf>(z.data(), width).maxCoeff();
+    const float top = Eigen::Map<const Eigen::ArrayXf>(z, width).maxCoeff();
     for (int64_t j = 0; j < width; ++j) z[j] = exp_nonpositive(z[j] - top);
-    const float inv = 1.0f / Eigen::Map<const Eigen::ArrayXf>(z.data(), width).sum();
+    const float inv = 1.0f / Eigen::Map<const Eigen::ArrayXf>(z, width).sum();
     for (int64_t j = 0; j < width; ++j) {
       const float p = z[j] * inv;
       ps[at + j] = p;
@@ -104,7 +114,8 @@ class AttentionSoftmaxDropoutOp : public OpKernel {
 template <typename T>
 void backward_rows(const T* __restrict dds, const float* __restrict ps, int64_t t_k, float scale, uint64_t key,
                    int threshold, float keep_scale, int64_t first, int64_t last, T* __restrict out) {
-  std::vector<float> keeps((last - first) * t_k), dp(t_k), products(t_k);
+  std::vector<float> keeps((last - first) * t_k), dp(t_k), product_storage;
+  float* products = aligned_row(product_storage, t_k);
   std::vector<uint64_t> words((last - first) * t_k / 4 + 2);
   keep_scales(key, first * t_k, (last - first) * t_k, threshold, keep_scale, words.data(), keeps.data());
   for (int64_t row = first; row < last; ++row) {
@@ -114,7 +125,7 @@ void backward_rows(const T* __restrict dds, const float* __restrict ps, int64_t 
       dp[j] = keep[j] * static_cast<float>(dds[at + j]);
       products[j] = ps[at + j] * dp[j];
     }
-    const float dot = Eigen::Map<const Eigen::ArrayXf>(products.data(), t_k).sum();
+    const float dot = Eigen::Map<const Eigen::ArrayXf>(products, t_k).sum();
     for (int64_t j = 0; j < t_k; ++j) out[at + j] = narrow<T>(scale * ps[at + j] * (dp[j] - dot));
   }
 }
