@@ -6,6 +6,7 @@ each, where TensorFlow runs one op, and one pass, per operation.
     attention, dropped = attention_softmax_dropout(s, biases, scale, causal, rate)   # softmax and its dropout
     losses, probs = smoothed_cross_entropy(logits, labels, logit_means, epsilon)   # the output layer's loss
     total = accumulate(total, addend)              # float32 total + 16-bit addend, in place
+    total = scatter_add_rows(total, ids, rows, scale)   # total[ids[k]] += scale * rows[k], in place
     y = embedding_dropout(e, encodings, scale, rate)   # dropout(e * scale + PE), its gradient fused too
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
@@ -29,7 +30,7 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
-                         "accumulate.cc", "embedding_dropout.cc")]
+                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
@@ -191,6 +192,16 @@ def accumulate(total, addend):
     total: float32, any shape. addend: the same shape in bfloat16 or float16. Returns float32. No gradient: the
     caller (loss.output_loss) sums its own gradients with it."""
     return load().accumulate(total, addend)
+
+
+def scatter_add_rows(total, indices, rows, scale=1.0):
+    """total with scale * rows[k] added to its row indices[k] for every k (repeated indices add up), in one pass
+    over the rows, written over total's buffer when nothing else holds it.
+
+    total: (V, d) float32. indices: (K,) int32 or int64, each in [0, V). rows: (K, d) float32, bfloat16 or float16.
+    scale: a Python float. Returns (V, d) float32. No gradient: the callers (loss.output_loss,
+    model.tied_embeddings) sum gradients with it."""
+    return load().scatter_add_rows(total, indices, rows, scale=scale)
 
 
 def keep_decisions(seed, shape, rate):

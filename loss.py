@@ -45,7 +45,8 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
     the output projection W. labels: (M,) int32. dtype: of the matrix products (bfloat16 or float16 for mixed
     precision). fused_kernels: with a 16-bit dtype, each chunk's softmax and losses in one kernel that reads the
     logits in dtype (kernels.smoothed_cross_entropy), and each chunk's embedding gradient added to the float32 sum
-    in one pass (kernels.accumulate). Returns the sum of the M losses, a float32 scalar.
+    in one pass (kernels.accumulate); in any dtype, the labels' rows added into that sum in place
+    (kernels.scatter_add_rows). Returns the sum of the M losses, a float32 scalar.
     """
     d_model = hidden.shape[-1]
     fused = fused_kernels and dtype != tf.float32  # in float32, oneDNN's softmax is as fast without casts
@@ -81,14 +82,19 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
         chunks = tf.shape(hidden)[0] // chunk_rows
         losses = tf.TensorArray(tf.float32, size=chunks, element_shape=[chunk_rows])
         hidden_grads = tf.TensorArray(tf.float32, size=chunks, element_shape=[chunk_rows, d_model])
+        uniform = -epsilon / embeddings.shape[0] * tf.reduce_sum(hidden, axis=0)  # (d_model,), added to every row
+        # with the kernels, the sum starts from the uniform part instead of adding it after the loop
+        initial_grads = tf.broadcast_to(uniform, tf.shape(embeddings)) if fused_kernels else tf.zeros_like(embeddings)
         _, losses, hidden_grads, embedding_grads = tf.while_loop(
-            lambda start, *_: start < rows, body, [tf.constant(0), losses, hidden_grads, tf.zeros_like(embeddings)],
+            lambda start, *_: start < rows, body, [tf.constant(0), losses, hidden_grads, initial_grads],
             parallel_iterations=1)  # one chunk at a time
         total = tf.reduce_sum(tf.where(real_rows, losses.concat(), 0.0))
         hidden_grads = (hidden_grads.concat() - (1 - epsilon) * tf.gather(embeddings, labels)
                         - epsilon * mean_embedding)  # (M + padding, d_model)
-        embedding_grads = tf.tensor_scatter_nd_sub(
-            embedding_grads - epsilon / embeddings.shape[0] * tf.reduce_sum(hidden, axis=0),
-            labels[:, None], (1 - epsilon) * hidden)  # (V, d_model)
+        if fused_kernels:  # each token's row added to its label's row in place
+            embedding_grads = kernels.scatter_add_rows(embedding_grads, labels, hidden, -(1 - epsilon))
+        else:
+            embedding_grads = tf.tensor_scatter_nd_sub(embedding_grads + uniform, labels[:, None],
+                                                       (1 - epsilon) * hidden)  # (V, d_model)
         return total, lambda upstream: (upstream * hidden_grads, upstream * embedding_grads)
     return loss_sum(tf.pad(hidden, [[0, padding], [0, 0]]), embeddings)

@@ -24,7 +24,7 @@ import dataclasses
 import tensorflow as tf
 
 from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
-from kernels import embedding_dropout
+from kernels import embedding_dropout, scatter_add_rows
 from loss import output_loss
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
                      get_token_embeddings, head_biases, key_biases, ln, noam_cooldown_scheme, noam_scheme,
@@ -65,6 +65,25 @@ class ModelConfig:
         return cls(**values)
 
 
+def tied_embeddings(embeddings):
+    """The shared embedding matrix (Section 3.4) under two names: one for the output projection, one for the
+    embedding lookups of both stacks, with the gradients of both summed by kernels.scatter_add_rows.
+
+    Left to TensorFlow, each lookup's gradient (the rows of its ids) becomes a dense (V, d_model) tensor and the
+    three are added: three passes over (V, d_model) more. Here the lookups' rows are added into the output
+    projection's dense gradient in place. embeddings: (V, d_model) float32. Returns (projection, lookups), each
+    equal to embeddings.
+    """
+    @tf.custom_gradient
+    def tie(table):
+        def gradient(d_projection, d_lookups):
+            if isinstance(d_lookups, tf.IndexedSlices):  # the rows of the ids looked up, (K, d_model)
+                return scatter_add_rows(d_projection, d_lookups.indices, d_lookups.values)
+            return d_projection + d_lookups
+        return (tf.identity(table), tf.identity(table)), gradient
+    return tie(embeddings)
+
+
 class Transformer:
     """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
 
@@ -73,13 +92,17 @@ class Transformer:
         #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
         self.dtype = COMPUTE_DTYPES[config.precision]
         self.fused_kernels = config.kernels == "fused"
-        self.embeddings = get_token_embeddings(config.vocab_size, config.d_model, zero_pad=True)  # (V, d_model)
+        embeddings = get_token_embeddings(config.vocab_size, config.d_model, zero_pad=True)  # (V, d_model)
+        #: the output projection's name for the embedding matrix, and the lookups' (the same tensor without the
+        #: fused kernels; with them, two names whose gradients tied_embeddings sums)
+        self.embeddings, self.lookup_table = (tied_embeddings(embeddings) if self.fused_kernels
+                                              else (embeddings, embeddings))
 
     # ---------------------------------------------------------------- encoder and decoder stacks
     def _embed(self, ids, training, start=0):
         """ids: (N, T) int32. Returns dropout(embeddings * sqrt(d_model) + positional encoding), (N, T, d_model)
         (in training with the fused kernels, in one kernel: kernels.embedding_dropout)."""
-        embedded = tf.nn.embedding_lookup(self.embeddings, ids)  # (N, T, d_model)
+        embedded = tf.nn.embedding_lookup(self.lookup_table, ids)  # (N, T, d_model)
         encodings = positional_encoding(embedded, start)  # (1, T, d_model)
         scale, rate = self.config.d_model ** 0.5, self.config.dropout_rate
         if self.fused_kernels and training and rate > 0:

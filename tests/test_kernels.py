@@ -160,6 +160,31 @@ def test_accumulate_equals_the_cast_and_the_add_and_leaves_a_shared_total_alone(
     np.testing.assert_array_equal(shared_value, total)
 
 
+@pytest.mark.parametrize("dtype,index_dtype", [(tf.float32, tf.int32), (tf.bfloat16, tf.int64),
+                                                (tf.float16, tf.int32)])
+def test_scatter_add_rows_adds_repeated_rows_and_leaves_a_shared_total_alone(ops, dtype, index_dtype):
+    rng = np.random.RandomState(6)
+    total, rows = rng.randn(50, 37).astype(np.float32), rng.randn(300, 37).astype(np.float32)
+    ids = rng.randint(0, 50, size=300)
+    ids[:3] = [49, 0, 49]
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        shared = tf.constant(total) * 1.0  # also fetched below, so it must not be overwritten
+        values = tf.cast(tf.constant(rows), dtype)
+        fused = ops.scatter_add_rows(shared, tf.constant(ids, index_dtype), values, scale=-0.9)
+        fused_value, shared_value, widened = sess.run([fused, shared, tf.cast(values, tf.float32)])
+    expected = total.copy()
+    np.add.at(expected, ids, np.float32(-0.9) * widened)
+    np.testing.assert_allclose(fused_value, expected, rtol=0, atol=2e-5)  # the same adds in another order
+    np.testing.assert_array_equal(shared_value, total)
+
+
+def test_scatter_add_rows_rejects_an_index_outside_the_total(ops):
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        bad = ops.scatter_add_rows(tf.zeros([4, 3]), tf.constant([1, 4]), tf.ones([2, 3]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="index 4 is outside the total's 4 rows"):
+            sess.run(bad)
+
+
 def test_keep_decisions_follow_the_rate_and_the_seed():
     keep = kernels.keep_decisions((5, 6), (601, 333), 0.1)
     assert abs(1 - keep.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
