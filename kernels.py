@@ -7,6 +7,7 @@ each, where TensorFlow runs one op, and one pass, per operation.
     losses, probs = smoothed_cross_entropy(logits, labels, logit_means, epsilon)   # the output layer's loss
     total = accumulate(total, addend)              # float32 total + 16-bit addend, in place
     total = scatter_add_rows(total, ids, rows, scale)   # total[ids[k]] += scale * rows[k], in place
+    q, k, v = split_heads(x, num_heads, parts=3)   # (N, T, 3*d) -> 3 x (N*h, T, d/h); merge_heads the inverse
     y = embedding_dropout(e, encodings, scale, rate)   # dropout(e * scale + PE), its gradient fused too
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
@@ -30,7 +31,8 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
-                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc")]
+                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc",
+                         "heads.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
@@ -202,6 +204,31 @@ def scatter_add_rows(total, indices, rows, scale=1.0):
     scale: a Python float. Returns (V, d) float32. No gradient: the callers (loss.output_loss,
     model.tied_embeddings) sum gradients with it."""
     return load().scatter_add_rows(total, indices, rows, scale=scale)
+
+
+def split_heads(x, num_heads, parts=1):
+    """The P = parts projections side by side in x, each split into heads (Section 3.2.2), by one copy.
+
+    x: (N, T, P * d) float32, bfloat16 or float16. Returns a list of P tensors (N*h, T, d/h): what
+    modules.fused_heads makes of its product with TensorFlow's ops (P = 1: modules.split_heads)."""
+    return load().split_heads(x, num_heads=num_heads, parts=parts)
+
+
+def merge_heads(heads, num_heads):
+    """The inverse of split_heads: P tensors (N*h, T, d/h) -> (N, T, P * d) (P = 1: modules.merge_heads)."""
+    return load().merge_heads(heads, num_heads=num_heads)
+
+
+@tf.RegisterGradient("SplitHeads")
+def _split_heads_grad(op, *grads):
+    """The parts' gradients merged back into rows; a part with none (unused) counts as zeros."""
+    grads = [tf.zeros_like(out) if grad is None else grad for grad, out in zip(grads, op.outputs)]
+    return merge_heads(grads, op.get_attr("num_heads"))
+
+
+@tf.RegisterGradient("MergeHeads")
+def _merge_heads_grad(op, grad):
+    return split_heads(grad, op.get_attr("num_heads"), len(op.inputs))
 
 
 def keep_decisions(seed, shape, rate):

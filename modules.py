@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import attention_softmax_dropout, dropout_seed, residual_dropout_ln
+from kernels import merge_heads as merge_heads_kernel, split_heads as split_heads_kernel
 
 tf1 = tf.compat.v1
 
@@ -74,17 +75,24 @@ def fused_dense_variables(d_in, units, scopes):
     matrix product computes all of them: kernel (d_in, len(scopes) * units), bias (len(scopes) * units,). The
     variables keep their own names; the gradient of the concatenation splits back into them."""
     kernels, biases = zip(*(dense_variables(d_in, units, scope) for scope in scopes))
-    return tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
+    # stacked on a new middle axis: the layout of a concatenation along axis 1, which TensorFlow copies a row piece
+    # at a time (2-3x slower for 256 x 256 kernels)
+    kernel = tf.reshape(tf.stack(kernels, axis=1), [d_in, len(scopes) * units])  # (d_in, P, units) -> (d_in, P*units)
+    return kernel, tf.concat(biases, axis=0)
 
 
-def fused_heads(inputs, units, scopes, num_heads, dtype=tf.float32):
+def fused_heads(inputs, units, scopes, num_heads, dtype=tf.float32, fused_kernels=False):
     """The dense layers `scopes` on the same inputs (N, T, d_in) as one matrix product (fused_dense_variables), each
-    output split into heads (split_heads) by one transpose for all of them.
+    output split into heads (split_heads) by one transpose for all of them. fused_kernels: by one kernel instead
+    (kernels.split_heads, the same copy; its gradient is one copy too, where TensorFlow's stacks the parts'
+    gradients and transposes them back).
 
     Returns a list of len(scopes) tensors (N*h, T, units/h) in dtype.
     """
     kernel, bias = fused_dense_variables(inputs.shape[-1], units, scopes)
     outputs = affine(inputs, kernel, bias, dtype)  # (N, T, P*units), P = len(scopes)
+    if fused_kernels:
+        return split_heads_kernel(outputs, num_heads, len(scopes))
     n_batch, length, parts = tf.shape(inputs)[0], tf.shape(inputs)[1], len(scopes)
     heads = tf.reshape(outputs, [n_batch, length, parts, num_heads, units // num_heads])  # (N, T, P, h, units/h)
     heads = tf.transpose(heads, [2, 0, 3, 1, 4])  # (P, N, h, T, units/h)
@@ -250,15 +258,20 @@ def attention_biases(key_masks, scores):
     return key_masks
 
 
-def split_heads(x, num_heads):
-    """(N, T, d_model) -> (N*h, T, d_model/h): each sentence's heads next to each other on the batch axis."""
+def split_heads(x, num_heads, fused_kernels=False):
+    """(N, T, d_model) -> (N*h, T, d_model/h): each sentence's heads next to each other on the batch axis.
+    fused_kernels: by kernels.split_heads (the same copy) instead of a transpose."""
+    if fused_kernels:
+        return split_heads_kernel(x, num_heads)[0]
     n_batch, length, d_model = tf.shape(x)[0], tf.shape(x)[1], x.shape[-1]
     heads = tf.reshape(x, [n_batch, length, num_heads, d_model // num_heads])  # (N, T, h, d_model/h)
     return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, length, d_model // num_heads])  # (N*h, T, d_model/h)
 
 
-def merge_heads(x, num_heads):
-    """(N*h, T, d_model/h) -> (N, T, d_model); the inverse of split_heads."""
+def merge_heads(x, num_heads, fused_kernels=False):
+    """(N*h, T, d_model/h) -> (N, T, d_model); the inverse of split_heads. fused_kernels: by kernels.merge_heads."""
+    if fused_kernels:
+        return merge_heads_kernel([x], num_heads)
     length, d_head = tf.shape(x)[1], x.shape[-1]
     heads = tf.reshape(x, [-1, num_heads, length, d_head])  # (N, h, T, d_model/h)
     return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, length, num_heads * d_head])  # (N, T, d_model)
@@ -276,7 +289,8 @@ def attention_heads(Q, K, V, key_masks, num_heads, causality=False, dropout_rate
     outputs, attention = scaled_dot_product_attention(Q, K, V, key_masks, causality, dropout_rate, training,
                                                       fused_kernels)
     t_q, t_k = tf.shape(Q)[1], tf.shape(K)[1]
-    return merge_heads(outputs, num_heads), tf.reshape(attention, [-1, num_heads, t_q, t_k])  # (N, h, T_q, T_k)
+    outputs = merge_heads(outputs, num_heads, fused_kernels and training)  # (N, T_q, d_model)
+    return outputs, tf.reshape(attention, [-1, num_heads, t_q, t_k])  # (N, h, T_q, T_k)
 
 
 def sublayer_input(inputs, norm_type):
@@ -333,14 +347,16 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
     dropout_rate: on the sublayer's output, before the residual add; attention_dropout: on the attention weights.
     dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision: Q, K, V and the
         heads' outputs stay in it from one product to the next; softmax, residual and layer norm are float32).
-    fused_kernels: while training, the attention's softmax and dropout in one kernel, and the residual connection
-        and layer norm in another (scaled_dot_product_attention, sublayer_output).
+    fused_kernels: while training, the attention's softmax and dropout in one kernel, the residual connection and
+        layer norm in another (scaled_dot_product_attention, sublayer_output), and the heads split and merged by
+        one copy each (fused_heads, merge_heads).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T, d_model) and attention weights (N, h, T, T).
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(inputs, norm_type)
-        Q, K, V = fused_heads(x, inputs.shape[-1], ("q", "k", "v"), num_heads, dtype)  # each (N*h, T, d_model/h)
+        Q, K, V = fused_heads(x, inputs.shape[-1], ("q", "k", "v"), num_heads, dtype,
+                              fused_kernels and training)  # each (N*h, T, d_model/h)
         return attention_sublayer_output(inputs, Q, K, V, key_masks, num_heads, causality, dropout_rate, training,
                                          norm_type, dtype, fused_kernels, attention_dropout)
 
@@ -360,8 +376,9 @@ def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., tr
     d_model = queries.shape[-1]
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         x = sublayer_input(queries, norm_type)
-        Q = split_heads(dense(x, d_model, scope="q", dtype=dtype), num_heads)  # (N*h, T_q, d_model/h)
-        K, V = fused_heads(memory, d_model, ("k", "v"), num_heads, dtype)  # each (N*h, T_k, d_model/h)
+        fused = fused_kernels and training
+        Q = split_heads(dense(x, d_model, scope="q", dtype=dtype), num_heads, fused)  # (N*h, T_q, d_model/h)
+        K, V = fused_heads(memory, d_model, ("k", "v"), num_heads, dtype, fused)  # each (N*h, T_k, d_model/h)
         return attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, False, dropout_rate, training,
                                          norm_type, dtype, fused_kernels, attention_dropout)
 

@@ -185,6 +185,44 @@ def test_scatter_add_rows_rejects_an_index_outside_the_total(ops):
             sess.run(bad)
 
 
+def reference_split(x, num_heads, parts):
+    """modules.fused_heads's split with TensorFlow's ops: (N, T, P*d) -> P x (N*h, T, d/h)."""
+    n, length, width = x.shape
+    heads = tf.transpose(tf.reshape(x, [n, length, parts, num_heads, width // (parts * num_heads)]), [2, 0, 3, 1, 4])
+    return tf.unstack(tf.reshape(heads, [parts, n * num_heads, length, -1]))
+
+
+@pytest.mark.parametrize("dtype,parts,d_head", [(tf.float32, 1, 32), (tf.bfloat16, 3, 32), (tf.float16, 2, 5),
+                                                (tf.float32, 3, 64)])
+def test_split_and_merge_heads_move_what_the_transposes_move_and_are_each_others_gradient(ops, dtype, parts,
+                                                                                          d_head):
+    rng = np.random.RandomState(7)
+    n, length, num_heads = 3, 11, 4
+    x = rng.randn(n, length, parts * num_heads * d_head).astype(np.float32)
+    ups = [rng.randn(n * num_heads, length, d_head).astype(np.float32) for _ in range(parts)]
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        x_t, ups_t = tf.cast(tf.constant(x), dtype), [tf.cast(tf.constant(u), dtype) for u in ups]
+        fused, reference = kernels.split_heads(x_t, num_heads, parts), reference_split(x_t, num_heads, parts)
+        gradients = [tf.gradients(heads, x_t, ups_t)[0] for heads in (fused, reference)]
+        merged = kernels.merge_heads(ups_t, num_heads)
+        merged_gradients = tf.gradients(merged, ups_t, tf.cast(tf.constant(x), dtype))
+        fused_v, reference_v, (grad_v, reference_grad_v), merged_v, merged_grads_v = sess.run(
+            [fused, reference, gradients, merged, merged_gradients])
+    for a, b in zip(fused_v, reference_v):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(grad_v, reference_grad_v)  # merge_heads is the split's gradient: the same copy
+    np.testing.assert_array_equal(merged_v, reference_grad_v)
+    for a, b in zip(merged_grads_v, reference_v):  # and split_heads merge's
+        np.testing.assert_array_equal(a, b)
+
+
+def test_split_heads_rejects_a_width_the_heads_do_not_divide(ops):
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="divisible|num_heads"):
+            sess.run(ops.split_heads(tf1.placeholder_with_default(tf.zeros([2, 3, 10]), [None, None, None]),
+                                     num_heads=4, parts=1))
+
+
 def test_keep_decisions_follow_the_rate_and_the_seed():
     keep = kernels.keep_decisions((5, 6), (601, 333), 0.1)
     assert abs(1 - keep.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
