@@ -365,9 +365,11 @@ class Transformer:
     def eval(self, xs, settings):
         """Translations of a batch, xs: data_load.Sources, x (N, T1), decoded as settings (a decoding.DecodingSettings)
         say: ids (N, T), their scores (N,) (train.py refuses to save a model whose scores are not finite), and an
-        attention image summary. The references are scored as text, outside the graph."""
+        image summary of the first sentence's attention, cheap enough to fetch with every batch (one graph run then
+        serves the whole dev set). The references are scored as text, outside the graph."""
         ids, scores = translate(self, xs, settings)
-        summaries = tf1.summary.image("eval_attention", attention_image(self.attention(xs, ids)))
+        first = type(xs)(*(t[:1] for t in xs))  # the first sentence, at the batch's width
+        summaries = tf1.summary.image("eval_attention", attention_image(self.attention(first, ids[:1])))
         return ids, scores, summaries
 
 

@@ -184,12 +184,13 @@ def check_splits(g, hp):
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
     when a translation's score is not finite (as train_epoch does for non-finite weights)."""
-    hypotheses = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs.x_seqlen, g.eval_num_batches, g.eval_order, sp,
-                                desc="dev", scores_op=g.eval_scores)
+    hypotheses, summary = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs.x_seqlen, g.eval_num_batches,
+                                         g.eval_order, sp, desc="dev", scores_op=g.eval_scores,
+                                         summary_op=g.eval_summaries)
     atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)
-    sess.run(g.eval_init)
-    writer.add_summary(sess.run(g.eval_summaries), step)
+    if summary is not None:  # None: an empty dev set (check_splits refuses one)
+        writer.add_summary(summary, step)
     writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(tag="dev_bleu", simple_value=bleu)]), step)
     writer.flush()
     return bleu

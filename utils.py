@@ -26,34 +26,40 @@ def postprocess(ids, sp):
 
 
 def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, desc="translating",
-                   scores_op=None):
+                   scores_op=None, summary_op=None):
     """Translates a whole dataset, batch by batch.
 
     init_op initializes the iterator; ids_op gives (N, T) ids, x_seqlen_op the (N,) source lengths counting </s>,
     scores_op (if given) the (N,) scores of the translations. order: (n,) the line index of each row the batches
     give, in turn (data_load.eval_order). An empty source line (x_seqlen 1: </s> only) gets an empty hypothesis.
-    Returns a list of strings, one per source line, in line order. Raises FloatingPointError when a score is not
-    finite: the model's log-probabilities overflowed, although its weights may be finite.
+    summary_op (if given) is fetched with every batch, so that one run of the graph serves them all (a fetch of its
+    own would run, and hold in memory, a second copy of the decoding graph).
+    Returns a list of strings, one per source line, in line order; with summary_op, that list and the first
+    batch's summary. Raises FloatingPointError when a score is not finite: the model's log-probabilities
+    overflowed, although its weights may be finite.
     """
+    fetches = {"ids": ids_op, "x_seqlen": x_seqlen_op, "scores": scores_op, "summary": summary_op}
+    fetches = {name: op for name, op in fetches.items() if op is not None}
     sess.run(init_op)
-    hypotheses = []
+    hypotheses, first_summary = [], None
     progress = Progress(num_batches, desc, unit="batches")
     for batch in range(num_batches):
-        ids, x_seqlen, *scores = sess.run([ids_op, x_seqlen_op] + ([scores_op] if scores_op is not None else []))
-        if scores and not np.isfinite(scores[0]).all():
+        out = sess.run(fetches)
+        if "scores" in out and not np.isfinite(out["scores"]).all():
             progress.close()
             raise FloatingPointError("%s: decoding scores are not finite (batch %d of %d)"
                                      % (desc, batch + 1, num_batches))
-        texts = postprocess(ids, sp)
-        hypotheses.extend("" if length == 1 else text for length, text in zip(x_seqlen, texts))
+        texts = postprocess(out["ids"], sp)
+        hypotheses.extend("" if length == 1 else text for length, text in zip(out["x_seqlen"], texts))
         progress.update()
         if batch == 0:  # the graph's first run in this session optimized it: hand back the memory that freed
+            first_summary = out.get("summary")
             runtime.release_freed_memory()
     progress.close()
     in_line_order = [""] * len(order)
     for line, hypothesis in zip(order, hypotheses):
         in_line_order[line] = hypothesis
-    return in_line_order
+    return (in_line_order, first_summary) if summary_op is not None else in_line_order
 
 
 #: Seconds between two progress lines of a long loop whose standard error is not a terminal (see Progress).
