@@ -124,6 +124,13 @@ class MergeHeadsOp : public OpKernel {
   int heads_;
 };
 
+// The attrs both ops' shape functions need, and their one 3-D input.
+absl::Status heads_parts_input(InferenceContext* c, int* heads, int* parts, ShapeHandle* input) {
+  TF_RETURN_IF_ERROR(c->GetAttr("num_heads", heads));
+  TF_RETURN_IF_ERROR(c->GetAttr("parts", parts));
+  return c->WithRank(c->input(0), 3, input);
+}
+
 }  // namespace
 
 REGISTER_OP("SplitHeads")
@@ -134,10 +141,8 @@ REGISTER_OP("SplitHeads")
     .Attr("T: {float, bfloat16, half}")
     .SetShapeFn([](InferenceContext* c) {
       int heads, parts;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_heads", &heads));
-      TF_RETURN_IF_ERROR(c->GetAttr("parts", &parts));
       ShapeHandle x;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &x));
+      TF_RETURN_IF_ERROR(heads_parts_input(c, &heads, &parts, &x));
       tensorflow::shape_inference::DimensionHandle batch, dh;
       TF_RETURN_IF_ERROR(c->Multiply(c->Dim(x, 0), heads, &batch));
       TF_RETURN_IF_ERROR(c->Divide(c->Dim(x, 2), parts * heads, true, &dh));
@@ -153,10 +158,8 @@ REGISTER_OP("MergeHeads")
     .Attr("T: {float, bfloat16, half}")
     .SetShapeFn([](InferenceContext* c) {
       int heads, parts;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_heads", &heads));
-      TF_RETURN_IF_ERROR(c->GetAttr("parts", &parts));
       ShapeHandle first;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &first));
+      TF_RETURN_IF_ERROR(heads_parts_input(c, &heads, &parts, &first));
       tensorflow::shape_inference::DimensionHandle n, width;
       TF_RETURN_IF_ERROR(c->Divide(c->Dim(first, 0), heads, true, &n));
       TF_RETURN_IF_ERROR(c->Multiply(c->Dim(first, 2), parts * heads, &width));
