@@ -12,9 +12,10 @@ each, where TensorFlow runs one op, and one pass, per operation.
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
 under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
-Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention, loss.output_loss and
-model.Transformer's embedding use these kernels in training when the model's config says "fused" (--kernels, resolved by resolve_kernels); the
-TensorFlow ops they replace stay the reference that tests/test_kernels.py holds them to.
+Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention, modules' heads
+(fused_heads, split_heads, merge_heads), loss.output_loss, and model.Transformer's embedding and its gradient
+(tied_embeddings) use these kernels in training when the model's config says "fused" (--kernels, resolved by
+resolve_kernels); the TensorFlow ops they replace stay the reference that tests/test_kernels.py holds them to.
 """
 import functools
 import glob
@@ -31,8 +32,7 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
-                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc",
-                         "heads.cc")]
+                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc", "heads.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions

@@ -58,8 +58,8 @@ def main(argv=None):
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()
         try:
-            hypotheses = get_hypotheses(sess, iterator.initializer, ids, xs.x_seqlen, num_batches(),
-                                        eval_order(hp.data_dir, manifest, "test"), sp, "test", scores)
+            hypotheses, _ = get_hypotheses(sess, iterator.initializer, ids, xs.x_seqlen, num_batches(),
+                                           eval_order(hp.data_dir, manifest, "test"), sp, "test", scores)
         except FloatingPointError as error:
             raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with --ckpt"
                             % (error, ckpt)) from None

@@ -34,9 +34,9 @@ def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, d
     give, in turn (data_load.eval_order). An empty source line (x_seqlen 1: </s> only) gets an empty hypothesis.
     summary_op (if given) is fetched with every batch, so that one run of the graph serves them all (a fetch of its
     own would run, and hold in memory, a second copy of the decoding graph).
-    Returns a list of strings, one per source line, in line order; with summary_op, that list and the first
-    batch's summary. Raises FloatingPointError when a score is not finite: the model's log-probabilities
-    overflowed, although its weights may be finite.
+    Returns a list of strings, one per source line, in line order, and the first batch's summary (None without
+    summary_op). Raises FloatingPointError when a score is not finite: the model's log-probabilities overflowed,
+    although its weights may be finite.
     """
     fetches = {"ids": ids_op, "x_seqlen": x_seqlen_op, "scores": scores_op, "summary": summary_op}
     fetches = {name: op for name, op in fetches.items() if op is not None}
@@ -59,7 +59,7 @@ def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, d
     in_line_order = [""] * len(order)
     for line, hypothesis in zip(order, hypotheses):
         in_line_order[line] = hypothesis
-    return (in_line_order, first_summary) if summary_op is not None else in_line_order
+    return in_line_order, first_summary
 
 
 #: Seconds between two progress lines of a long loop whose standard error is not a terminal (see Progress).
