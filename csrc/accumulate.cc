@@ -34,8 +34,7 @@ class AccumulateOp : public OpKernel {
     const float* totals = total.flat<float>().data();
     const T* addends = addend.flat<T>().data();
     float* sums = sum->flat<float>().data();
-    const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(threads.num_threads, threads.workers, total.NumElements(), 4, [&](int64_t first, int64_t last) {
+    shard(context, total.NumElements(), 4, [&](int64_t first, int64_t last) {
       add_widened(totals, addends, first, last, sums);
     });
   }

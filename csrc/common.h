@@ -88,13 +88,19 @@ inline Eigen::bfloat16 narrow<Eigen::bfloat16>(float x) {
   return Eigen::numext::bit_cast<Eigen::bfloat16>(static_cast<uint16_t>(bits >> 16));
 }
 
-// Rows of a (..., d) tensor are processed BLOCK_ROWS at a time by the session's intra-op threads, as many as it
-// allows (Shard runs the blocks on the calling thread when that is one).
+// work(first, last) over ranges that cover [0, units), run by the session's intra-op threads, as many as it allows
+// (Shard runs everything on the calling thread when that is one). cost: about how many cycles one unit takes.
+template <typename F>
+void shard(OpKernelContext* context, int64_t units, int64_t cost, F work) {
+  const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
+  tensorflow::Shard(threads.num_threads, threads.workers, units, cost, work);
+}
+
+// Rows of a (..., d) tensor are processed BLOCK_ROWS at a time by the session's intra-op threads (shard).
 template <typename F>
 void for_row_blocks(OpKernelContext* context, int64_t rows, int64_t d, F body) {
   const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-  const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(threads.num_threads, threads.workers, blocks, BLOCK_ROWS * d * 20, [&](int64_t first, int64_t last) {
+  shard(context, blocks, BLOCK_ROWS * d * 20, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) body(b, b * BLOCK_ROWS, std::min(rows, (b + 1) * BLOCK_ROWS));
   });
 }

@@ -7,7 +7,6 @@
 // kernels.py builds this file; tests/test_kernels.py holds both to those ops.
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -58,12 +57,6 @@ void move_heads_of(char* rows, const std::vector<char*>& heads_of, int64_t lengt
   }
 }
 
-void shard_sentences(OpKernelContext* context, int64_t sentences, int64_t cost,
-                     const std::function<void(int64_t, int64_t)>& work) {
-  const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(threads.num_threads, threads.workers, sentences, cost, work);
-}
-
 class SplitHeadsOp : public OpKernel {
  public:
   explicit SplitHeadsOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -84,7 +77,7 @@ class SplitHeadsOp : public OpKernel {
     }
     char* rows = const_cast<char*>(x.tensor_data().data());
     const int64_t dh_bytes = dh * tensorflow::DataTypeSize(x.dtype());
-    shard_sentences(context, n, length * x.dim_size(2), [&](int64_t first, int64_t last) {
+    shard(context, n, length * x.dim_size(2), [&](int64_t first, int64_t last) {
       move_heads_of(rows, heads_of, length, heads_, dh_bytes, false, first, last);
     });
   }
@@ -115,7 +108,7 @@ class MergeHeadsOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({n, length, parts * heads_ * dh}), &out));
     char* rows = const_cast<char*>(out->tensor_data().data());
     const int64_t dh_bytes = dh * tensorflow::DataTypeSize(first.dtype());
-    shard_sentences(context, n, length * parts * heads_ * dh, [&](int64_t begin, int64_t end) {
+    shard(context, n, length * parts * heads_ * dh, [&](int64_t begin, int64_t end) {
       move_heads_of(rows, heads_of, length, heads_, dh_bytes, true, begin, end);
     });
   }

@@ -55,8 +55,7 @@ class ScatterAddRowsOp : public OpKernel {
     float* sums = sum->flat<float>().data();
     if (sums != total.flat<float>().data()) std::memcpy(sums, total.flat<float>().data(), total.TotalBytes());
     const T* values = rows.flat<T>().data();
-    const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(threads.num_threads, threads.workers, d, 2 * count, [&](int64_t first, int64_t last) {
+    shard(context, d, 2 * count, [&](int64_t first, int64_t last) {
       add_rows(ids, values, count, d, scale_, first, last, sums);
     });
   }

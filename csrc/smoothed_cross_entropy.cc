@@ -75,8 +75,7 @@ class SmoothedCrossEntropyOp : public OpKernel {
     float* loss_out = losses->flat<float>().data();
     T* prob_out = probs->flat<T>().data();
     const float epsilon = epsilon_;
-    const auto& threads = *context->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(threads.num_threads, threads.workers, m, v * 20, [&](int64_t first, int64_t last) {
+    shard(context, m, v * 20, [&](int64_t first, int64_t last) {
       cross_entropy_rows(zs, label_ids, row_means, v, epsilon, first, last, loss_out, prob_out);
     });
   }
