@@ -9,13 +9,15 @@ each, where TensorFlow runs one op, and one pass, per operation.
     total = scatter_add_rows(total, ids, rows, scale)   # total[ids[k]] += scale * rows[k], in place
     q, k, v = split_heads(x, num_heads, parts=3)   # (N, T, 3*d) -> 3 x (N*h, T, d/h); merge_heads the inverse
     y = embedding_dropout(e, encodings, scale, rate)   # dropout(e * scale + PE), its gradient fused too
+    optimizer = OnePassAdam(lr, beta1, beta2, epsilon)  # Adam's update in one pass per variable
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
 under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
 Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention, modules' heads
 (fused_heads, split_heads, merge_heads), loss.output_loss, and model.Transformer's embedding and its gradient
-(tied_embeddings) use these kernels in training when the model's config says "fused" (--kernels, resolved by
-resolve_kernels); the TensorFlow ops they replace stay the reference that tests/test_kernels.py holds them to.
+(tied_embeddings) and model.make_optimizer (OnePassAdam) use these kernels in training when the model's config
+says "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they replace stay the reference that
+tests/test_kernels.py holds them to.
 """
 import functools
 import glob
@@ -32,7 +34,7 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
-                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc", "heads.cc")]
+                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc", "heads.cc", "adam.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(HERE, "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
@@ -43,9 +45,10 @@ class KernelsUnavailable(Exception):
 
 
 def compile_command(output):
-    """The g++ command that builds SOURCES into output against the installed TensorFlow."""
-    return (["g++", "-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd", "-w"]
-            + SOURCES + ["-o", output] + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+    """The g++ command that builds SOURCES into output against the installed TensorFlow. -fno-math-errno: a
+    square root that need not set errno, so that the loops taking one vectorize."""
+    return (["g++", "-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno",
+             "-w"] + SOURCES + ["-o", output] + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
 
 
 def library_path():
@@ -229,6 +232,21 @@ def _split_heads_grad(op, *grads):
 @tf.RegisterGradient("MergeHeads")
 def _merge_heads_grad(op, grad):
     return split_heads(grad, op.get_attr("num_heads"), len(op.inputs))
+
+
+class OnePassAdam(tf.compat.v1.train.AdamOptimizer):
+    """tf1.train.AdamOptimizer whose dense float32 updates run one kernel (AdamOnePass) that reads each entry's
+    gradient, moments and weight once and writes them once, where ResourceApplyAdam makes three passes. The update
+    is the same bit for bit, and the slots and accumulators are AdamOptimizer's own, so checkpoints do not change.
+    Other updates (sparse gradients, other dtypes) are AdamOptimizer's."""
+
+    def _resource_apply_dense(self, grad, var):
+        if grad.dtype != tf.float32:
+            return super()._resource_apply_dense(grad, var)
+        beta1_power, beta2_power = self._get_beta_accumulators()
+        return load().adam_one_pass(var.handle, self.get_slot(var, "m").handle, self.get_slot(var, "v").handle,
+                                    beta1_power, beta2_power, self._lr_t, self._beta1_t, self._beta2_t,
+                                    self._epsilon_t, grad, use_locking=self._use_locking)
 
 
 def keep_decisions(seed, shape, rate):

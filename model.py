@@ -24,7 +24,7 @@ import dataclasses
 import tensorflow as tf
 
 from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
-from kernels import embedding_dropout, scatter_add_rows
+from kernels import OnePassAdam, embedding_dropout, scatter_add_rows
 from loss import output_loss
 from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
                      get_token_embeddings, head_biases, key_biases, ln, noam_cooldown_scheme, noam_scheme,
@@ -375,7 +375,8 @@ class Transformer:
 
 def make_optimizer(hp, global_step):
     """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the learning-rate schedule of hp.lr_schedule.
-    Returns optimizer, lr, and the variable that holds the schedule's end step (schedule_total_steps).
+    Returns optimizer, lr, and the variable that holds the schedule's end step (schedule_total_steps). With
+    --kernels fused each variable's update is one kernel (kernels.OnePassAdam: the same update, bit for bit).
 
     Under --precision fp16 it is wrapped in dynamic loss scaling (Micikevicius et al., 2018): the loss is multiplied
     by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
@@ -388,7 +389,8 @@ def make_optimizer(hp, global_step):
         lr = noam_cooldown_scheme(hp.lr, global_step, hp.warmup_steps, total_steps, hp.cooldown_fraction)
     else:
         lr = warmup_decay_scheme(hp.lr, global_step, hp.warmup_steps, total_steps, decay=schedule)
-    optimizer = tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
+    adam = OnePassAdam if hp.kernels == "fused" else tf1.train.AdamOptimizer  # the same update
+    optimizer = adam(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
     if hp.precision == "fp16":
         optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
     return optimizer, lr, total_steps

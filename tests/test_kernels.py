@@ -223,6 +223,35 @@ def test_split_heads_rejects_a_width_the_heads_do_not_divide(ops):
                                      num_heads=4, parts=1))
 
 
+def adam_updates(optimizer_class, shapes, steps=5):
+    """The variables (sorted by name) and their values after `steps` updates of `optimizer_class` on fixed random
+    variables and gradients, on the learning-rate and beta values of model.make_optimizer."""
+    rng = np.random.RandomState(11)
+    initial = [rng.randn(*shape).astype(np.float32) for shape in shapes]
+    grads = [[rng.randn(*shape).astype(np.float32) for shape in shapes] for _ in range(steps)]
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        variables = [tf1.get_variable("w%d" % i, initializer=value) for i, value in enumerate(initial)]
+        feeds = [tf1.placeholder(tf.float32, shape) for shape in shapes]
+        train = optimizer_class(1e-3, beta1=0.9, beta2=0.98, epsilon=1e-9).apply_gradients(zip(feeds, variables))
+        sess.run(tf1.global_variables_initializer())
+        for step_grads in grads:
+            sess.run(train, dict(zip(feeds, step_grads)))
+        everything = sorted(tf1.global_variables(), key=lambda v: v.op.name)
+        return [v.op.name for v in everything], sess.run(everything)
+
+
+def test_one_pass_adam_is_adam_bit_for_bit_with_the_same_variables(ops):
+    """Weights, both moments and the beta accumulators after five updates equal AdamOptimizer's exactly (sizes
+    that no vector width divides among them), under the same names: checkpoints are unchanged."""
+    shapes = [(7,), (33, 17), (256, 130), (1,)]
+    names, values = adam_updates(kernels.OnePassAdam, shapes)
+    reference_names, reference_values = adam_updates(tf1.train.AdamOptimizer, shapes)
+    assert names == reference_names and len(names) == 3 * len(shapes) + 2  # weights, m and v; the two powers
+    for name, got, want in zip(names, values, reference_values):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    assert np.abs(values[names.index("w2/Adam")]).min() > 0  # the first moment: the updates ran
+
+
 def test_keep_decisions_follow_the_rate_and_the_seed():
     keep = kernels.keep_decisions((5, 6), (601, 333), 0.1)
     assert abs(1 - keep.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
