@@ -235,14 +235,12 @@ def _merge_heads_grad(op, grad):
 
 
 class OnePassAdam(tf.compat.v1.train.AdamOptimizer):
-    """tf1.train.AdamOptimizer whose dense float32 updates run one kernel (AdamOnePass) that reads each entry's
-    gradient, moments and weight once and writes them once, where ResourceApplyAdam makes three passes. The update
-    is the same bit for bit, and the slots and accumulators are AdamOptimizer's own, so checkpoints do not change.
-    Other updates (sparse gradients, other dtypes) are AdamOptimizer's."""
+    """tf1.train.AdamOptimizer whose dense updates of float32 variables (every variable the model trains) run one
+    kernel (AdamOnePass) that reads each entry's gradient, moments and weight once and writes them once, where
+    ResourceApplyAdam makes three passes. The update is the same bit for bit, and the slots and accumulators are
+    AdamOptimizer's own, so checkpoints do not change. Sparse updates stay AdamOptimizer's."""
 
     def _resource_apply_dense(self, grad, var):
-        if grad.dtype != tf.float32:
-            return super()._resource_apply_dense(grad, var)
         beta1_power, beta2_power = self._get_beta_accumulators()
         return load().adam_one_pass(var.handle, self.get_slot(var, "m").handle, self.get_slot(var, "v").handle,
                                     beta1_power, beta2_power, self._lr_t, self._beta1_t, self._beta2_t,
