@@ -2,7 +2,7 @@
 each, where TensorFlow runs one op, and one pass, per operation.
 
     ops = kernels.load()                           # builds the library with g++ on first use; KernelsUnavailable
-    y = residual_dropout_ln(x, f, gamma, beta, rate, epsilon)   # LN(x + dropout(f)), its gradient fused too
+    y = residual_dropout_ln(x, f, b, gamma, beta, rate, epsilon)   # LN(x + dropout(f + b)), its gradient too
     attention, dropped = attention_softmax_dropout(s, biases, scale, causal, rate)   # softmax and its dropout
     losses, probs = smoothed_cross_entropy(logits, labels, logit_means, epsilon)   # the output layer's loss
     total = accumulate(total, addend)              # float32 total + 16-bit addend, in place
@@ -13,7 +13,7 @@ each, where TensorFlow runs one op, and one pass, per operation.
 
 The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
 under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
-Building takes about 40 s. modules.sublayer_output, modules.scaled_dot_product_attention, modules' heads
+Building takes about 40 s. modules.projected_sublayer_output, modules.scaled_dot_product_attention, modules' heads
 (fused_heads, split_heads, merge_heads), loss.output_loss, and model.Transformer's embedding and its gradient
 (tied_embeddings) and model.make_optimizer (OnePassAdam) use these kernels in training when the model's config
 says "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they replace stay the reference that
@@ -119,25 +119,29 @@ def dropout_seed():
     return tf.random.uniform([2], maxval=np.iinfo(np.int32).max, dtype=tf.int32)
 
 
-def residual_dropout_ln(inputs, outputs, gamma, beta, rate, epsilon=1e-6):
-    """LN(x + dropout(f)) of a post-layer-norm sublayer (Sections 3.1 and 5.4) in one kernel, forward and backward.
+def residual_dropout_ln(inputs, outputs, outputs_bias, gamma, beta, rate, epsilon=1e-6):
+    """LN(x + dropout(f + b)) of a post-layer-norm sublayer (Sections 3.1 and 5.4) in one kernel, forward and
+    backward; f + b is the sublayer's last dense layer, its bias added here in float32 rather than after the product,
+    so that the backward kernel sums the bias's gradient as it writes f's.
 
-    inputs: (..., d) float32, the sublayer's input x. outputs: (..., d) f in float32, bfloat16 or float16.
-    gamma, beta: (d,) float32. rate: the dropout rate (a Python float). Returns (..., d) float32: what
-    modules.ln(inputs + modules.dropout(outputs, rate, True)) computes, but with keep decisions of its own
-    (keep_decisions) that the backward kernel draws again instead of storing.
+    inputs: (..., d) float32, the sublayer's input x. outputs: (..., d) f in float32, bfloat16 or float16 (the last
+    product, without its bias). outputs_bias: (d,) float32, b. gamma, beta: (d,) float32. rate: the dropout rate (a
+    Python float). Returns (..., d) float32: what modules.ln(inputs + modules.dropout(f + b, rate, True)) computes,
+    but with keep decisions of its own (keep_decisions) that the backward kernel draws again instead of storing.
     """
-    y, _, _ = load().residual_dropout_ln(inputs, outputs, gamma, beta, dropout_seed(), rate=rate, epsilon=epsilon)
+    y, _, _ = load().residual_dropout_ln(inputs, outputs, outputs_bias, gamma, beta, dropout_seed(), rate=rate,
+                                         epsilon=epsilon)
     return y
 
 
 @tf.RegisterGradient("ResidualDropoutLn")
 def _residual_dropout_ln_grad(op, dy, *_):
-    """Gradients of x, f, gamma and beta from the saved x_hat and rstd and the same seed (none for the seed)."""
+    """Gradients of x, f, b, gamma and beta from the saved x_hat and rstd and the same seed (none for the seed)."""
     _, x_hat, rstd = op.outputs
-    dx, df, dgamma, dbeta = load().residual_dropout_ln_grad(dy, x_hat, rstd, op.inputs[2], op.inputs[4],
-                                                            T=op.get_attr("T"), rate=op.get_attr("rate"))
-    return dx, df, dgamma, dbeta, None
+    gamma, seed = op.inputs[3], op.inputs[5]
+    dx, df, df_bias, dgamma, dbeta = load().residual_dropout_ln_grad(dy, x_hat, rstd, gamma, seed, T=op.get_attr("T"),
+                                                                     rate=op.get_attr("rate"))
+    return dx, df, df_bias, dgamma, dbeta, None
 
 
 def attention_softmax_dropout(scores, biases, scale, causal, rate):

@@ -302,21 +302,38 @@ def sublayer_input(inputs, norm_type):
     return ln(inputs) if norm_type == "pre" else inputs
 
 
-def sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_kernels=False):
+def sublayer_output(inputs, outputs, norm_type, dropout_rate, training):
     """Residual connection around a sublayer: LN(x + dropout(f)) (post, Section 3.1) or x + dropout(f) (pre,
     Xiong et al., 2020), with dropout on f (Section 5.4).
 
     inputs: (N, T, d_model) float32, the sublayer's input x. outputs: (N, T, d_model), the sublayer's f, in float32
-    or a 16-bit float (dropped out in its own dtype, then added in float32). fused_kernels: in training with
-    post-norm, LN(x + dropout(f)) and its gradient run as one kernel each (kernels.residual_dropout_ln: the same
-    function, with keep decisions of its own). Returns (N, T, d_model) float32.
+    or a 16-bit float (dropped out in its own dtype, then added in float32). Returns (N, T, d_model) float32.
     """
-    if fused_kernels and training and norm_type == "post":
-        with tf1.variable_scope("ln", reuse=tf1.AUTO_REUSE):
-            gamma, beta = ln_variables(inputs.shape[-1])
-            return residual_dropout_ln(inputs, outputs, gamma, beta, dropout_rate)
     residual = inputs + tf.cast(dropout(outputs, dropout_rate, training), inputs.dtype)
     return ln(residual) if norm_type == "post" else residual
+
+
+def projected_sublayer_output(inputs, hidden, scope, norm_type, dropout_rate, training, dtype, fused_kernels=False):
+    """A sublayer's last dense layer `scope`, f = hidden W + b, then its residual connection and layer norm
+    (sublayer_output).
+
+    inputs: (N, T, d_model) float32, the sublayer's input x. hidden: (N, T, d_in), or (N*T, d_in) rows, what the
+    last dense layer maps to d_model. dtype: of its product (as for dense). fused_kernels: in training with
+    post-norm, LN(x + dropout(f)) and its gradient run as one kernel each, b added in the kernel rather than after
+    the product, so that the backward kernel also sums b's gradient (kernels.residual_dropout_ln: the same function,
+    with keep decisions of its own). Returns inputs' shape, float32.
+    """
+    kernel, bias = dense_variables(hidden.shape[-1], inputs.shape[-1], scope)
+    if fused_kernels and training and norm_type == "post":
+        rows = hidden if hidden.shape.rank == 2 else tf.reshape(hidden, [-1, hidden.shape[-1]])  # (N*T, d_in)
+        product = tf.reshape(tf.matmul(tf.cast(rows, dtype), tf.cast(kernel, dtype)), tf.shape(inputs))
+        with tf1.variable_scope("ln", reuse=tf1.AUTO_REUSE):
+            gamma, beta = ln_variables(inputs.shape[-1])
+            return residual_dropout_ln(inputs, product, bias, gamma, beta, dropout_rate)
+    outputs = affine(hidden, kernel, bias, dtype)
+    if outputs.shape.rank != inputs.shape.rank:
+        outputs = tf.reshape(outputs, tf.shape(inputs))  # (N, T, d_model)
+    return sublayer_output(inputs, outputs, norm_type, dropout_rate, training)
 
 
 def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality, dropout_rate, training, norm_type,
@@ -330,9 +347,9 @@ def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality,
     Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
     """
     outputs, attention = attention_heads(Q, K, V, key_masks, num_heads, causality, attention_dropout, training,
-                                         fused_kernels)
-    outputs = dense(outputs, queries.shape[-1], scope="o", dtype=dtype)
-    return sublayer_output(queries, outputs, norm_type, dropout_rate, training, fused_kernels), attention
+                                         fused_kernels)  # outputs: (N, T_q, d_model)
+    return projected_sublayer_output(queries, outputs, "o", norm_type, dropout_rate, training, dtype,
+                                     fused_kernels), attention
 
 
 def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=True, causality=False,
@@ -348,8 +365,8 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
     dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision: Q, K, V and the
         heads' outputs stay in it from one product to the next; softmax, residual and layer norm are float32).
     fused_kernels: while training, the attention's softmax and dropout in one kernel, the residual connection and
-        layer norm in another (scaled_dot_product_attention, sublayer_output), and the heads split and merged by
-        one copy each (fused_heads, merge_heads).
+        layer norm in another (scaled_dot_product_attention, projected_sublayer_output), and the heads split and
+        merged by one copy each (fused_heads, merge_heads).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T, d_model) and attention weights (N, h, T, T).
     """
@@ -389,7 +406,7 @@ def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., tra
     (Section 3.1).
 
     inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products and of the (N, T, d_ff)
-    hidden activations between them. fused_kernels: as for self_attention (sublayer_output).
+    hidden activations between them. fused_kernels: as for self_attention (projected_sublayer_output).
     dropout_rate: on the sublayer's output, before the residual add; relu_dropout: on the hidden activations
     (tensor2tensor's relu_dropout; the paper has none).
     Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).
@@ -400,10 +417,8 @@ def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., tra
         # the ReLU right after the product and its bias (no reshape between), so oneDNN runs the three as one op
         hidden = tf.nn.relu(dense(rows, num_units[0], scope="inner", dtype=dtype))  # (N*T, d_ff)
         hidden = dropout(hidden, relu_dropout, training)
-        outputs = dense(hidden, num_units[1], scope="outer", dtype=dtype)  # (N*T, d_model)
-        if inputs.shape.rank != 2:
-            outputs = tf.reshape(outputs, tf.shape(inputs))  # (N, T, d_model)
-        return sublayer_output(inputs, outputs, norm_type, dropout_rate, training, fused_kernels)
+        return projected_sublayer_output(inputs, hidden, "outer", norm_type, dropout_rate, training, dtype,
+                                         fused_kernels)
 
 
 def positional_encoding(inputs, start=0):

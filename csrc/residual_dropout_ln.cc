@@ -1,5 +1,7 @@
-// LN(x + dropout(f)): a post-layer-norm sublayer's residual connection (Section 3.1) with residual dropout
-// (Section 5.4), forward and backward, one pass over each row instead of TensorFlow's dozen elementwise ops.
+// LN(x + dropout(f + b)): a post-layer-norm sublayer's residual connection (Section 3.1) with residual dropout
+// (Section 5.4), forward and backward, one pass over each row instead of TensorFlow's dozen elementwise ops. f is
+// the sublayer's last matrix product and b its bias, added here in float32, so that the backward kernel sums the
+// bias's gradient too (the rows' sum of df) while it writes df.
 //
 // The keep decisions are not stored: both kernels draw them again from the step's seed (common.h).
 // kernels.py builds this file; tests/test_kernels.py holds it to the same formulas computed by TensorFlow's ops
@@ -17,11 +19,12 @@ namespace {
 
 using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 
-// Rows [first, last) of y = LN(x + keep * f): also x_hat and 1/std per row for the backward pass. A function of
-// its arguments alone (no captures), so that the compiler keeps every scalar in a register and vectorizes the loops.
+// Rows [first, last) of y = LN(x + keep * (f + fb)): also x_hat and 1/std per row for the backward pass. A
+// function of its arguments alone (no captures), so that the compiler keeps every scalar in a register and
+// vectorizes the loops.
 template <typename T>
-void forward_rows(const float* __restrict xs, const T* __restrict fs, const float* __restrict g,
-                  const float* __restrict b, int64_t d, uint64_t key, int threshold, float scale, float epsilon,
+void forward_rows(const float* __restrict xs, const T* __restrict fs, const float* __restrict fb,
+                  const float* __restrict g, const float* __restrict b, int64_t d, uint64_t key, int threshold, float scale, float epsilon,
                   int64_t first, int64_t last, float* __restrict ys, float* __restrict hats,
                   float* __restrict rstds) {
   std::vector<float> keep(d), r(d);
@@ -32,7 +35,7 @@ void forward_rows(const float* __restrict xs, const T* __restrict fs, const floa
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < d; ++j) {
-      r[j] = xs[at + j] + keep[j] * static_cast<float>(fs[at + j]);
+      r[j] = xs[at + j] + keep[j] * (static_cast<float>(fs[at + j]) + fb[j]);
       sum += r[j];
     }
     const float mean = sum / d;
@@ -60,13 +63,14 @@ class ResidualDropoutLnOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
     const Tensor& f = context->input(1);
-    const Tensor& gamma = context->input(2);
-    const Tensor& beta = context->input(3);
+    const Tensor& f_bias = context->input(2);
+    const Tensor& gamma = context->input(3);
+    const Tensor& beta = context->input(4);
     OP_REQUIRES(context, x.shape() == f.shape() && x.dims() >= 1,
                 absl::InvalidArgumentError("x and f must have one shape (..., d)"));
     const int64_t d = x.dim_size(x.dims() - 1);
-    OP_REQUIRES(context, gamma.NumElements() == d && beta.NumElements() == d,
-                absl::InvalidArgumentError("gamma and beta must have d entries"));
+    OP_REQUIRES(context, f_bias.NumElements() == d && gamma.NumElements() == d && beta.NumElements() == d,
+                absl::InvalidArgumentError("f_bias, gamma and beta must have d entries"));
     TensorShape row_shape = x.shape();
     row_shape.RemoveLastDims(1);
     Tensor *y, *x_hat, *rstd;
@@ -76,17 +80,18 @@ class ResidualDropoutLnOp : public OpKernel {
     const int64_t rows = d == 0 ? 0 : x.NumElements() / d;
     const float* xs = x.flat<float>().data();
     const T* fs = f.flat<T>().data();
+    const float* fb = f_bias.flat<float>().data();
     const float* g = gamma.flat<float>().data();
     const float* b = beta.flat<float>().data();
     float* ys = y->flat<float>().data();
     float* hats = x_hat->flat<float>().data();
     float* rstds = rstd->flat<float>().data();
-    const uint64_t key = seed_key(context->input(4));
+    const uint64_t key = seed_key(context->input(5));
     const int threshold = keep_threshold(rate_);
     const float scale = 1.0f / (1.0f - rate_);
     const float epsilon = epsilon_;
     for_row_blocks(context, rows, d, [&](int64_t, int64_t first, int64_t last) {
-      forward_rows(xs, fs, g, b, d, key, threshold, scale, epsilon, first, last, ys, hats, rstds);
+      forward_rows(xs, fs, fb, g, b, d, key, threshold, scale, epsilon, first, last, ys, hats, rstds);
     });
   }
 
@@ -95,7 +100,8 @@ class ResidualDropoutLnOp : public OpKernel {
 };
 
 // Rows [first, last) of the gradients dx and df = keep * dx, from dy, x_hat and 1/std: dx = rstd (G - mean(G) -
-// x_hat mean(G x_hat)) with G = dy gamma. block_sums: (2, d), set to these rows' sums of dy x_hat and of dy.
+// x_hat mean(G x_hat)) with G = dy gamma. block_sums: (3, d), set to these rows' sums of dy x_hat, of dy and of df
+// (before df is rounded to T).
 template <typename T>
 void backward_rows(const float* __restrict dys, const float* __restrict hats, const float* __restrict rstds,
                    const float* __restrict g, int64_t d, uint64_t key, int threshold, float scale, int64_t first,
@@ -104,7 +110,8 @@ void backward_rows(const float* __restrict dys, const float* __restrict hats, co
   std::vector<uint64_t> words(d / 4 + 2);
   float* __restrict gamma_sums = block_sums;
   float* __restrict beta_sums = block_sums + d;
-  std::fill(block_sums, block_sums + 2 * d, 0.0f);
+  float* __restrict f_bias_sums = block_sums + 2 * d;
+  std::fill(block_sums, block_sums + 3 * d, 0.0f);
   for (int64_t row = first; row < last; ++row) {
     const int64_t at = row * d;
     float sum_g = 0.0f, sum_gx = 0.0f;
@@ -122,6 +129,7 @@ void backward_rows(const float* __restrict dys, const float* __restrict hats, co
       const float grad = inv * (gg[j] - mean_g - hats[at + j] * mean_gx);
       dxs[at + j] = grad;
       dfs[at + j] = narrow<T>(keep[j] * grad);
+      f_bias_sums[j] += keep[j] * grad;
     }
   }
 }
@@ -140,14 +148,15 @@ class ResidualDropoutLnGradOp : public OpKernel {
     const Tensor& gamma = context->input(3);
     const int64_t d = dy.dim_size(dy.dims() - 1);
     const int64_t rows = d == 0 ? 0 : dy.NumElements() / d;
-    Tensor *dx, *df, *dgamma, *dbeta;
+    Tensor *dx, *df, *df_bias, *dgamma, *dbeta;
     OP_REQUIRES_OK(context, context->allocate_output(0, dy.shape(), &dx));
     OP_REQUIRES_OK(context, context->allocate_output(1, dy.shape(), &df));
-    OP_REQUIRES_OK(context, context->allocate_output(2, gamma.shape(), &dgamma));
-    OP_REQUIRES_OK(context, context->allocate_output(3, gamma.shape(), &dbeta));
+    OP_REQUIRES_OK(context, context->allocate_output(2, gamma.shape(), &df_bias));
+    OP_REQUIRES_OK(context, context->allocate_output(3, gamma.shape(), &dgamma));
+    OP_REQUIRES_OK(context, context->allocate_output(4, gamma.shape(), &dbeta));
     const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    Tensor partials;  // (blocks, 2, d): each block's sums of dy * x_hat and of dy
-    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({blocks, 2, d}), &partials));
+    Tensor partials;  // (blocks, 3, d): each block's sums of dy * x_hat, of dy and of df
+    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({blocks, 3, d}), &partials));
     const float* dys = dy.flat<float>().data();
     const float* hats = x_hat.flat<float>().data();
     const float* rstds = rstd.flat<float>().data();
@@ -159,15 +168,18 @@ class ResidualDropoutLnGradOp : public OpKernel {
     const int threshold = keep_threshold(rate_);
     const float scale = 1.0f / (1.0f - rate_);
     for_row_blocks(context, rows, d, [&](int64_t block, int64_t first, int64_t last) {
-      backward_rows(dys, hats, rstds, g, d, key, threshold, scale, first, last, dxs, dfs, sums + block * 2 * d);
+      backward_rows(dys, hats, rstds, g, d, key, threshold, scale, first, last, dxs, dfs, sums + block * 3 * d);
     });
     float* dgammas = dgamma->flat<float>().data();
     float* dbetas = dbeta->flat<float>().data();
-    for (int64_t j = 0; j < d; ++j) dgammas[j] = dbetas[j] = 0.0f;
+    float* df_biases = df_bias->flat<float>().data();
+    for (int64_t j = 0; j < d; ++j) dgammas[j] = dbetas[j] = df_biases[j] = 0.0f;
     for (int64_t block = 0; block < blocks; ++block) {  // in block order, whatever the threads did
+      const float* block_sums = sums + block * 3 * d;
       for (int64_t j = 0; j < d; ++j) {
-        dgammas[j] += sums[block * 2 * d + j];
-        dbetas[j] += sums[block * 2 * d + d + j];
+        dgammas[j] += block_sums[j];
+        dbetas[j] += block_sums[d + j];
+        df_biases[j] += block_sums[2 * d + j];
       }
     }
   }
@@ -186,6 +198,7 @@ absl::Status same_as_input(InferenceContext* c, int outputs) {
 REGISTER_OP("ResidualDropoutLn")
     .Input("x: float")
     .Input("f: T")
+    .Input("f_bias: float")
     .Input("gamma: float")
     .Input("beta: float")
     .Input("seed: int32")
@@ -212,14 +225,14 @@ REGISTER_OP("ResidualDropoutLnGrad")
     .Input("seed: int32")
     .Output("dx: float")
     .Output("df: T")
+    .Output("df_bias: float")
     .Output("dgamma: float")
     .Output("dbeta: float")
     .Attr("T: {float, bfloat16, half}")
     .Attr("rate: float")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(same_as_input(c, 2));
-      c->set_output(2, c->input(3));
-      c->set_output(3, c->input(3));
+      for (int i = 2; i < 5; ++i) c->set_output(i, c->input(3));
       return absl::OkStatus();
     });
 

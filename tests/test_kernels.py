@@ -19,26 +19,28 @@ def ops():
 
 
 def fused_and_reference(x, f, rate, seed, dtype=tf.float32):
-    """Outputs and gradients (x, f, gamma, beta) of the fused kernel and of LN(x + f * keep / (1 - rate)) in
-    TensorFlow's ops with keep = kernels.keep_decisions(seed, ...), under the same gamma, beta and upstream
-    gradient."""
+    """Outputs and gradients (x, f, f_bias, gamma, beta) of the fused kernel and of LN(x + (f + f_bias) * keep /
+    (1 - rate)) in TensorFlow's ops with keep = kernels.keep_decisions(seed, ...), under the same f_bias, gamma,
+    beta and upstream gradient."""
     rng = np.random.RandomState(7)
     gamma, beta = 1 + 0.1 * rng.randn(x.shape[-1]), 0.1 * rng.randn(x.shape[-1])
+    f_bias = rng.randn(x.shape[-1])
     upstream = rng.randn(*x.shape).astype(np.float32)
     keep = kernels.keep_decisions(seed, x.shape, rate)
     results = []
     for fused in (True, False):
         with tf.Graph().as_default(), tf1.Session() as sess:
             xs, fs = tf.constant(x), tf.constant(f, dtype)
+            fb = tf.constant(f_bias, tf.float32)
             with tf1.variable_scope("ln"):
                 g = tf1.get_variable("gamma", initializer=gamma.astype(np.float32))
                 b = tf1.get_variable("beta", initializer=beta.astype(np.float32))
             if fused:
-                y, _, _ = kernels.load().residual_dropout_ln(xs, fs, g, b, tf.constant(seed, tf.int32), rate=rate,
-                                                             epsilon=1e-6)
+                y, _, _ = kernels.load().residual_dropout_ln(xs, fs, fb, g, b, tf.constant(seed, tf.int32),
+                                                             rate=rate, epsilon=1e-6)
             else:
-                y = ln_reference(xs + tf.where(keep, tf.cast(fs, tf.float32) / (1 - rate), 0.0))
-            grads = tf.gradients(y, [xs, fs, g, b], upstream)
+                y = ln_reference(xs + tf.where(keep, (tf.cast(fs, tf.float32) + fb) / (1 - rate), 0.0))
+            grads = tf.gradients(y, [xs, fs, fb, g, b], upstream)
             sess.run(tf1.global_variables_initializer())
             results.append(sess.run([y] + [tf.cast(grad, tf.float32) for grad in grads]))
     return results
@@ -49,7 +51,7 @@ def test_residual_dropout_ln_matches_tensorflow_ops(ops, shape, rate):
     rng = np.random.RandomState(sum(shape))
     x, f = rng.randn(*shape).astype(np.float32), rng.randn(*shape).astype(np.float32)
     fused, reference = fused_and_reference(x, f, rate, (12345, -678))
-    for name, a, b in zip(["y", "dx", "df", "dgamma", "dbeta"], fused, reference):
+    for name, a, b in zip(["y", "dx", "df", "df_bias", "dgamma", "dbeta"], fused, reference):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
@@ -58,7 +60,7 @@ def test_residual_dropout_ln_takes_16_bit_sublayer_outputs(ops):
     x, f = rng.randn(4, 9, 32).astype(np.float32), rng.randn(4, 9, 32).astype(np.float32)
     for dtype in (tf.bfloat16, tf.float16):
         fused, reference = fused_and_reference(x, f, 0.1, (1, 2), dtype)
-        for name, a, b in zip(["y", "dx", "df", "dgamma", "dbeta"], fused, reference):
+        for name, a, b in zip(["y", "dx", "df", "df_bias", "dgamma", "dbeta"], fused, reference):
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2, err_msg="%s %s" % (dtype.name, name))
 
 
@@ -260,15 +262,15 @@ def test_keep_decisions_follow_the_rate_and_the_seed():
 
 
 def test_gradients_are_the_same_on_every_run_and_thread_count(ops):
-    """The gain's and bias's gradients sum rows in fixed blocks, so threads do not change them."""
+    """The gradients of the gain, the bias and f's bias sum rows in fixed blocks, so threads do not change them."""
     rng = np.random.RandomState(0)
     x, f = rng.randn(300, 64).astype(np.float32), rng.randn(300, 64).astype(np.float32)
     values = []
     for threads in (1, 2, 2):
         with tf.Graph().as_default(), tf1.Session(config=tf1.ConfigProto(intra_op_parallelism_threads=threads)) as s:
-            g, b = tf.ones([64]), tf.zeros([64])
-            y, _, _ = ops.residual_dropout_ln(x, f, g, b, tf.constant([3, 4]), rate=0.1, epsilon=1e-6)
-            values.append(s.run(tf.gradients(y, [g, b], tf.constant(x))))
+            fb, g, b = tf.zeros([64]), tf.ones([64]), tf.zeros([64])
+            y, _, _ = ops.residual_dropout_ln(x, f, fb, g, b, tf.constant([3, 4]), rate=0.1, epsilon=1e-6)
+            values.append(s.run(tf.gradients(y, [fb, g, b], tf.constant(x))))
     for other in values[1:]:
         for a, b in zip(values[0], other):
             np.testing.assert_array_equal(a, b)
