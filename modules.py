@@ -326,7 +326,7 @@ def projected_sublayer_output(inputs, hidden, scope, norm_type, dropout_rate, tr
     kernel, bias = dense_variables(hidden.shape[-1], inputs.shape[-1], scope)
     if fused_kernels and training and norm_type == "post":
         rows = hidden if hidden.shape.rank == 2 else tf.reshape(hidden, [-1, hidden.shape[-1]])  # (N*T, d_in)
-        product = tf.reshape(tf.matmul(tf.cast(rows, dtype), tf.cast(kernel, dtype)), tf.shape(inputs))
+        product = tf.reshape(tf.matmul(tf.cast(rows, dtype), tf.cast(kernel, dtype)), tf.shape(inputs))  # (N, T, d)
         with tf1.variable_scope("ln", reuse=tf1.AUTO_REUSE):
             gamma, beta = ln_variables(inputs.shape[-1])
             return residual_dropout_ln(inputs, product, bias, gamma, beta, dropout_rate)

@@ -24,9 +24,9 @@ using namespace nmt;  // NOLINT: common.h (the TensorFlow names used here)
 // vectorizes the loops.
 template <typename T>
 void forward_rows(const float* __restrict xs, const T* __restrict fs, const float* __restrict fb,
-                  const float* __restrict g, const float* __restrict b, int64_t d, uint64_t key, int threshold, float scale, float epsilon,
-                  int64_t first, int64_t last, float* __restrict ys, float* __restrict hats,
-                  float* __restrict rstds) {
+                  const float* __restrict g, const float* __restrict b, int64_t d, uint64_t key, int threshold,
+                  float scale, float epsilon, int64_t first, int64_t last, float* __restrict ys,
+                  float* __restrict hats, float* __restrict rstds) {
   std::vector<float> keep(d), r(d);
   std::vector<uint64_t> words(d / 4 + 2);
   for (int64_t row = first; row < last; ++row) {
