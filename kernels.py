@@ -11,8 +11,9 @@ each, where TensorFlow runs one op, and one pass, per operation.
     y = embedding_dropout(e, encodings, scale, rate)   # dropout(e * scale + PE), its gradient fused too
     optimizer = OnePassAdam(lr, beta1, beta2, epsilon)  # Adam's update in one pass per variable
 
-The library is built against the installed TensorFlow, for this CPU (-march=native), into build/ beside this file,
-under a name that hashes the source, TensorFlow's version and the compiler flags; a later load finds it there.
+The library is built against the installed TensorFlow, for this CPU (-march=native, capped like oneDNN by
+ONEDNN_MAX_CPU_ISA), into build/ beside this file, under a name that hashes the source, TensorFlow's version and
+the compiler flags; a later load finds it there.
 Building takes about 40 s. modules.projected_sublayer_output, modules.scaled_dot_product_attention, modules' heads
 (fused_heads, split_heads, merge_heads), loss.output_loss, and model.Transformer's embedding and its gradient
 (tied_embeddings) and model.make_optimizer (OnePassAdam) use these kernels in training when the model's config
@@ -44,21 +45,43 @@ class KernelsUnavailable(Exception):
     """The kernels could not be built or loaded here; the message says why in one line."""
 
 
+#: The instruction sets g++ must leave out under each ONEDNN_MAX_CPU_ISA cap below AVX-512 with bfloat16 (oneDNN's
+#: names); g++ drops what depends on them too (-mno-avx512f drops every AVX-512 extension).
+ISA_CAP_FLAGS = {"SSE41": ["-mno-avx", "-mno-fma"], "AVX": ["-mno-avx2", "-mno-fma"], "AVX2": ["-mno-avx512f"],
+                 "AVX2_VNNI": ["-mno-avx512f"], "AVX2_VNNI_2": ["-mno-avx512f"],
+                 "AVX512_CORE": ["-mno-avx512bf16"], "AVX512_CORE_VNNI": ["-mno-avx512bf16"]}
+
+
+def target_flags(max_isa):
+    """The g++ target for this CPU, capped like oneDNN by max_isa (the value of ONEDNN_MAX_CPU_ISA, None when
+    unset), so that a capped run emulates the lesser CPU in the kernels too, not only in the matrix products."""
+    return ["-march=native"] + ISA_CAP_FLAGS.get((max_isa or "").strip().upper(), [])
+
+
 def compile_command(output):
-    """The g++ command that builds SOURCES into output against the installed TensorFlow. -fno-math-errno: a
-    square root that need not set errno, so that the loops taking one vectorize."""
-    return (["g++", "-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno",
-             "-w"] + SOURCES + ["-o", output] + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+    """The g++ command that builds SOURCES into output against the installed TensorFlow, for this CPU under the
+    ONEDNN_MAX_CPU_ISA cap (target_flags). -fno-math-errno: a square root that need not set errno, so that the
+    loops taking one vectorize."""
+    return (["g++", "-std=c++17", "-shared", "-fPIC", "-O3"] + target_flags(os.environ.get("ONEDNN_MAX_CPU_ISA"))
+            + ["-fopenmp-simd", "-fno-math-errno", "-w"] + SOURCES + ["-o", output]
+            + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+
+
+def library_stem():
+    """"kernels", or "kernels-avx2" (say) for a build under an ONEDNN_MAX_CPU_ISA cap that changes the target: each
+    target keeps its own build, so that capped and uncapped runs can take turns without rebuilding."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or "").strip().upper()
+    return "kernels-%s" % cap.lower() if cap in ISA_CAP_FLAGS else "kernels"
 
 
 def library_path():
-    """build/kernels-<hash>.so: the hash covers the sources, TensorFlow's version, the command and the machine."""
+    """build/<stem>-<hash>.so: the hash covers the sources, TensorFlow's version, the command and the machine."""
     digest = hashlib.sha256()
     for source in SOURCES + HEADERS:
         with open(source, "rb") as f:
             digest.update(f.read())
     digest.update(" ".join([tf.__version__, platform.machine(), platform.node()] + compile_command("")).encode())
-    return os.path.join(BUILD_DIR, "kernels-%s.so" % digest.hexdigest()[:16])
+    return os.path.join(BUILD_DIR, "%s-%s.so" % (library_stem(), digest.hexdigest()[:16]))
 
 
 def build(path):
@@ -76,8 +99,9 @@ def build(path):
         first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
         raise KernelsUnavailable("g++ failed: %s" % first)
     os.replace(partial, path)
-    for stale in glob.glob(os.path.join(BUILD_DIR, "kernels-*.so")):  # built from older sources or TensorFlow
-        if stale != path:
+    stem = os.path.basename(path).rsplit("-", 1)[0]
+    for stale in glob.glob(os.path.join(BUILD_DIR, stem + "-*.so")):  # this target's builds from older sources
+        if stale != path and os.path.basename(stale).rsplit("-", 1)[0] == stem:
             os.remove(stale)
 
 

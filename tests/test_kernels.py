@@ -1,4 +1,8 @@
 """kernels.py's fused kernels against the TensorFlow ops they replace, with the same keep decisions."""
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -283,3 +287,34 @@ def test_unavailable_compiler_is_one_line(monkeypatch):
     assert kernels.choose_kernels("tf", has_gpu=False) == ("tf", None)
     kind, note = kernels.choose_kernels("auto", has_gpu=True)
     assert kind == "tf" and "GPU" in note
+
+
+def predefined_macros(flags):
+    """The macros g++ predefines for these target flags (the instruction sets it may use)."""
+    result = subprocess.run(["g++", "-E", "-dM", "-x", "c++", "/dev/null"] + flags, capture_output=True, text=True,
+                            check=True)
+    return {line.split()[1] for line in result.stdout.splitlines()}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_kernels_follow_the_onednn_cap_down_to_the_lesser_cpu():
+    assert predefined_macros(kernels.target_flags(None)) == predefined_macros(["-march=native"])
+    assert predefined_macros(kernels.target_flags("AVX512_CORE_BF16")) == predefined_macros(["-march=native"])
+    assert "__AVX512BF16__" not in predefined_macros(kernels.target_flags("avx512_core"))
+    avx2 = predefined_macros(kernels.target_flags("AVX2"))
+    assert not any(name.startswith("__AVX512") for name in avx2)
+    assert "__AVX2__" not in predefined_macros(kernels.target_flags("AVX"))
+    assert "__AVX__" not in predefined_macros(kernels.target_flags("SSE41"))
+
+
+def test_a_capped_build_is_kept_beside_the_uncapped_one(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernels, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "compile_command", lambda output: ["true"])
+    for name in ("kernels-00aa.so", "kernels-avx2-00bb.so"):
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert os.path.basename(kernels.library_path()).startswith("kernels-avx2-")
+    kernels.build(str(tmp_path / "kernels-avx2-00cc.so"))  # replaces the older AVX2 build only
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels-00aa.so", "kernels-avx2-00cc.so"]
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # no change of target: the plain build
+    assert os.path.basename(kernels.library_path()).startswith("kernels-") and kernels.library_stem() == "kernels"
