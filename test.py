@@ -54,6 +54,7 @@ def main(argv=None):
     xs, _ = iterator.get_next()
     ids, scores = translate(Transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
     sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
+    runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with tf1.Session(config=runtime.session_config(hp)) as sess:
         ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
         start = time.time()

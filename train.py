@@ -324,6 +324,7 @@ def train(hp, manifest, cluster):
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)
+    runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
         last_ckpt = restore_or_init(sess, g, hp.logdir)
         epoch, epoch_step = (int(v) for v in sess.run(g.training_state))

@@ -218,6 +218,7 @@ class Translator:
         if with_attention:
             self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
+        runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
         self.sess = tf1.Session(config=runtime.session_config(hp))
         restore(self.sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
 
