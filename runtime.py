@@ -13,8 +13,9 @@ A variable the user has set keeps its value:
 
 Importing this module also keeps TensorFlow from importing Keras (see KERAS_BLOCKED below).
 
-The functions below read the CPU's instruction-set flags for --precision auto and size a session's thread pools to
-the cores this process may use. Those that need TensorFlow import it when called, once the tool has loaded it.
+The functions below read the CPU's instruction-set flags for --precision auto, size a session's thread pools to
+the cores this process may use, and hand memory that start-up left resident back to the operating system. Those that
+need TensorFlow import it when called, once the tool has loaded it.
 """
 import ctypes
 import os
@@ -173,7 +174,7 @@ def release_library_pages():
     of its library (every op's and kernel's registration, static initializers); a training step runs a few tens of
     MB of it. The pages are the library file's own, never written: the kernel drops them and reads back from the
     file any page that is run again, so nothing is lost. Pages another process maps too are left alone. Returns the
-    MB of mappings advised, 0 where the system cannot (not Linux, or a kernel older than 5.4)."""
+    MiB of mappings advised, 0 where the system cannot (not Linux, or a kernel older than 5.4)."""
     try:
         madvise = ctypes.CDLL(None).madvise
         ranges = library_mappings()
