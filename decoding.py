@@ -8,8 +8,8 @@
 model is a model.Transformer; xs = data_load.Sources(x (N, T1), x_seqlen (N,)). The searches run a step function,
 step_fn(tokens (B,), step, state[, parents]) -> logits (B, V), new state, that the model builds
 (Transformer.cached_decoder: its decoder stack one position at a time). This module knows logits, tokens and the
-cache's layout (B, h, L, d), not the model's layers: grow_cache and write_in_place keep the cache about as long
-as what was decoded, and write it without copies.
+cache's layout (B, h, L, d), not the model's layers; grow_cache and write_in_place serve the fast model's cache
+(fast.model.FastTransformer), which grows in chunks about as long as what was decoded and is written without copies.
 """
 import dataclasses
 
@@ -148,8 +148,8 @@ def tile_beams(tensor, beam_size):
 
 
 def _state_invariants(state):
-    """Shape invariants of decoder states: a prefix (B, t) grows in t; a cache (B, h, L, d_model/h) grows in L,
-    and only its last axis is known when the graph is built."""
+    """Shape invariants of decoder states: a cache (B, h, L, d_model/h) grows in L, and only its last axis is known
+    when the graph is built."""
     def invariant(tensor):
         dims = [None] * tensor.shape.rank
         if tensor.shape.rank > 2:
@@ -158,12 +158,11 @@ def _state_invariants(state):
     return tf.nest.map_structure(invariant, state)
 
 
-def greedy_search(step_fn, state, max_steps, alpha, append=None):
+def greedy_search(step_fn, state, max_steps, alpha):
     """Greedy decoding in one tf.while_loop that stops once every sentence has emitted </s>, at the latest after
     max(max_steps) steps.
 
-    step_fn(tokens (N,), step, state) -> logits (N, V), new state. append(state, tokens) -> state, if the
-    state must also record the chosen tokens (the uncached decoder). max_steps: (N,) int32.
+    step_fn(tokens (N,), step, state) -> logits (N, V), new state. max_steps: (N,) int32.
     A sentence's last step emits </s> whatever the log-probabilities are (NaN ones would never pick it), so the
     loop never runs past the decoding cache's length.
     Returns ids (N, T) ending in </s> then 0s, and scores (N,) = sum log p / length_penalty(len, alpha).
@@ -176,8 +175,6 @@ def greedy_search(step_fn, state, max_steps, alpha, append=None):
             tokens, token_log_probs = greedy_choice(logits, step + 1 >= max_steps)  # (N,) each
             tokens = tf.where(finished, PAD_ID, tokens)
             log_prob += tf.where(finished, 0.0, token_log_probs)
-        if append is not None:
-            state = append(state, tokens)
         return (step + 1, tokens, tf.concat([ids, tokens[:, None]], 1), log_prob,
                 tf.logical_or(finished, tf.equal(tokens, EOS_ID)), state)
 
@@ -256,25 +253,18 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
 
 
 # ---------------------------------------------------------------- a model's translations
-def translate(model, xs, settings, cached=True):
+def translate(model, xs, settings):
     """The best translation of each sentence of a batch.
 
     model: model.Transformer. xs: data_load.Sources, x (N, T1). settings: DecodingSettings (beam_size 1: greedy).
-    cached False re-runs the whole decoder per step (greedy only: the reference the tests hold the cache to).
     Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len, alpha).
     """
     if settings.beam_size > 1:
-        if not cached:
-            raise ValueError("beam search always decodes with the cache")
         ids, scores = beams(model, xs, settings)
         return ids[:, 0, :], scores[:, 0]
     memory, src_masks, max_steps = _encode(model, xs, settings)
-    if cached:
-        step_fn, state = model.cached_decoder(memory, src_masks)
-        append = None
-    else:
-        step_fn, state, append = model.uncached_decoder(memory, src_masks)
-    return greedy_search(step_fn, state, max_steps, settings.alpha, append)
+    step_fn, state = model.cached_decoder(memory, src_masks)
+    return greedy_search(step_fn, state, max_steps, settings.alpha)
 
 
 def beams(model, xs, settings):

@@ -41,7 +41,7 @@ from collections import namedtuple
 import tensorflow as tf
 
 from data_load import Sources, Targets
-from model import PAD_ID, ModelConfig, Transformer, attention_image, make_optimizer
+from model import PAD_ID, ModelConfig, attention_image, build_transformer, make_optimizer
 from errors import UserError
 
 tf1 = tf.compat.v1
@@ -177,18 +177,13 @@ def replica_step(config, xs, ys, optimizer, global_step):
 
     xs, ys: the whole global batch. Returns this replica's loss, whose sum over replicas is the per-token loss of the
     global batch; the op that applies the gradients all-reduced over every replica and increments global_step; this
-    replica's gradients (dense); and its last-block cross-attention (n, h, t2, t1).
+    replica's gradients (dense); and its last-block cross-attention (n, h, t2, t1) (Transformer.train).
     """
     context = tf.distribute.get_replica_context()
     global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys.y, PAD_ID), tf.float32))
     if context.num_replicas_in_sync > 1:
         xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
-    loss_sum, _, attention = Transformer(config).loss(xs, ys)
-    loss = loss_sum / (global_tokens + 1e-7)
-    grads_and_vars = optimizer.compute_gradients(loss)
-    grads = [tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]  # the embedding's IndexedSlices made dense
-    train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-    return loss, train_op, grads, attention
+    return build_transformer(config).train(xs, ys, optimizer, global_step, global_tokens)
 
 
 def cluster_mean(cluster, values):

@@ -34,7 +34,7 @@ from decoding import DecodingSettings, translate
 from errors import OneLineParser, UserError, run_cli
 from hparams import TRAINED_FLAGS_HINT
 from logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
-from model import ModelConfig, Transformer
+from model import ModelConfig, build_transformer
 from textio import check_writable_dir
 
 tf1 = tf.compat.v1
@@ -90,7 +90,7 @@ def build_translator(hp):
     src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
     x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)  # (N,), counts </s>
     xs = Sources(src_ids, x_seqlen)
-    ids, scores = translate(Transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
+    ids, scores = translate(build_transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
     return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"), "scores": tf.identity(scores, name="scores")}
 
 

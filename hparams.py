@@ -15,7 +15,7 @@ from errors import OneLineParser, UserError
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its own flags):
 #: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.
 DECODING_FLAGS = ("logdir", "data_dir", "ckpt", "test_batch_size", "beam_size", "alpha", "max_len_a", "max_len_b",
-                  "threads", "precision")
+                  "threads", "precision", "impl")
 #: What a tool that reads a trained model says about a flag it does not take.
 TRAINED_FLAGS_HINT = "; the model's shape and training flags come from LOGDIR/hparams.json"
 
@@ -82,6 +82,11 @@ class Hparams:
                            help="dropout on the feed-forward sublayers' inner ReLU activations (the paper has none)")
         group.add_argument("--norm_type", choices=["post", "pre"], default="post",
                            help="post: LN(x + f(x)) as in the paper; pre: x + f(LN(x)), steadier when deep")
+        group.add_argument("--impl", choices=["fast", "reference"], default="fast",
+                           help="fast: fused products, custom gradients, mixed precision and (--kernels) C++ "
+                                "kernels (fast/); reference: modules.py's plain TensorFlow ops in float32, the "
+                                "paper as written, slower. The same variables: checkpoints move between the two, "
+                                "and test.py, translate.py and export.py may choose another than training did")
 
     @staticmethod
     def _add_training(group):
@@ -130,10 +135,10 @@ class Hparams:
         group.add_argument("--kernels", choices=["auto", "fused", "tf"], default="auto",
                            help="auto: in training, each attention's scaling, masks, softmax and dropout, and each "
                                 "post-norm sublayer's dropout, residual add and layer norm, run as one C++ kernel "
-                                "each, their gradients too (kernels.py, built with g++ on first use), when they build "
+                                "each, their gradients too (fast/kernels.py, built with g++ on first use), when they build "
                                 "here and no GPU is visible, else as TensorFlow's ops; the same functions (their "
                                 "dropout draws its own decisions); fused: what auto resolved to (a resumed run "
-                                "checks again); tf: TensorFlow's ops only")
+                                "checks again); tf: TensorFlow's ops only. --impl fast only (reference: tf)")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",
                            help="none: one device; mirrored: the devices of --devices in this process; multiworker: "
                                 "one process per worker, cluster and task from TF_CONFIG (see docs/distributed.md). "
@@ -181,7 +186,7 @@ def parse_flags(parser, argv, intermixed=False):
 #: trained with this value (not the flag's current default).
 #: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, datadir.fingerprint) None: unknown, not
 #: compared (the vocabulary's size still is, and a data dir's bpe.model must match its bpe.vocab).
-LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "kernels": "tf", "vocab_sha256": None,
+LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "kernels": "tf", "impl": "fast", "vocab_sha256": None,
                  "bpe_sha256": None}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from the command line.

@@ -1,16 +1,19 @@
 """The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
 
-    model = Transformer(ModelConfig.from_flags(hp))         # the model's shape, fixed once from the flags
-    loss_sum, token_count, attention = model.loss(xs, ys)   # training: distributed.build_train builds the step
-    ids, scores, summaries = model.eval(xs, settings)       # dev translations (decoding.translate), a summary
-
-Decoding itself (greedy and beam search, the step limits, the cache's memory) is decoding.py's. The model gives it
-cached_decoder: the decoder stack run one position at a time over a cache of the earlier positions' keys and
-values, built here beside _decoder_stack since both spell the same layers and variable names.
+    model = build_transformer(ModelConfig.from_flags(hp))    # --impl: Transformer, or fast.model.FastTransformer
+    memory, src_masks = model.encode(xs)                     # (N, T1, d_model), (N, T1)
+    logits, y_hat, y, attention = model.decode(ys, memory, src_masks)
+    loss, train_op, grads, attention = model.train(xs, ys, optimizer, global_step, token_count)
+    ids, scores, summaries = model.eval(xs, settings)        # dev translations (decoding.translate), a summary
 
 xs = data_load.Sources(x, x_seqlen): x (N, T1) int32 source ids ending in </s>, padded with 0; x_seqlen (N,)
 counts </s>. ys = data_load.Targets(decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids,
-y (N, T2) = target ids + </s>.
+y (N, T2) = target ids + </s>. Decoding itself (greedy and beam search) is decoding.py's; the model gives it
+cached_decoder, its decoder one position at a time over a cache of the positions before.
+
+Two implementations compute the same function with the same variables (--impl): this Transformer, the paper on
+plain TensorFlow ops, and fast.model.FastTransformer, which overrides encode, decode, loss and cached_decoder with
+fused products, custom gradients and C++ kernels (fast/). Their checkpoints are interchangeable.
 
 Variable names (stable across versions, so checkpoints restore; see docs/checkpoint-format.md):
   shared_weight_matrix/weight_mat                                  (V, d_model) embeddings = output projection
@@ -23,25 +26,20 @@ import dataclasses
 
 import tensorflow as tf
 
-from decoding import decoding_log_probs, grow_cache, length_penalty, translate, write_in_place
-from kernels import OnePassAdam, embedding_dropout, scatter_add_rows
-from loss import output_loss
-from modules import (affine, cross_attention, dense, dropout, ff, fused_dense_variables, fused_heads,
-                     get_token_embeddings, head_biases, key_biases, ln, noam_cooldown_scheme, noam_scheme,
-                     positional_encoding, scaled_dot_product_attention, self_attention, sublayer_input,
-                     sublayer_output, warmup_decay_scheme)
-from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (PAD_ID: for the modules that import it from here)
+from decoding import decoding_log_probs, length_penalty, translate
+from modules import (dropout, ff, get_token_embeddings, label_smoothing, ln, multihead_attention, noam_cooldown_scheme,
+                     noam_scheme, positional_encoding, warmup_decay_scheme)
+from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (for the modules that import them from here)
 
 tf1 = tf.compat.v1
 
-#: dtype of the matrix products and of the activations between them, for each --precision.
-COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+IMPLEMENTATIONS = ("reference", "fast")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """What the model computes: its shape, its regularisation and its precision; made once from the flags and
-    never changed (decoding settings are decoding.DecodingSettings, training settings stay with train.py)."""
+    """What the model computes: its shape, its regularisation, its precision and implementation; made once from the
+    flags and never changed (decoding settings are decoding.DecodingSettings, training settings stay with train.py)."""
     vocab_size: int        # V: one joint BPE vocabulary
     d_model: int = 256     # width of every layer (Section 3)
     d_ff: int = 512        # inner width of the feed-forward sublayers (Section 3.3)
@@ -52,8 +50,9 @@ class ModelConfig:
     relu_dropout: float = 0.0  # on the feed-forward sublayers' inner activations (none in the paper)
     norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
     smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
-    precision: str = "fp32"    # "fp32", "bf16" or "fp16": the dtype of the matrix products (COMPUTE_DTYPES)
-    kernels: str = "tf"        # "fused": training's attention softmax, residual + layer norm and loss by kernels.py
+    impl: str = "fast"         # "reference": this module's Transformer; "fast": fast.model.FastTransformer
+    precision: str = "fp32"    # fast only: "fp32", "bf16" or "fp16", the dtype of the matrix products
+    kernels: str = "tf"        # fast only: "fused" runs training's softmax, layer norms and loss as C++ kernels
 
     @classmethod
     def from_flags(cls, hp):
@@ -65,294 +64,170 @@ class ModelConfig:
         return cls(**values)
 
 
-def tied_embeddings(embeddings):
-    """The shared embedding matrix (Section 3.4) under two names: one for the output projection, one for the
-    embedding lookups of both stacks, with the gradients of both summed by kernels.scatter_add_rows.
+def transformer_class(impl):
+    """The class of --impl: Transformer ("reference") or FastTransformer ("fast", imported only then)."""
+    if impl == "reference":
+        return Transformer
+    from fast.model import FastTransformer
+    return FastTransformer
 
-    Left to TensorFlow, each lookup's gradient (the rows of its ids) becomes a dense (V, d_model) tensor and the
-    three are added: three passes over (V, d_model) more. Here the lookups' rows are added into the output
-    projection's dense gradient in place. embeddings: (V, d_model) float32. Returns (projection, lookups), each
-    equal to embeddings.
-    """
-    @tf.custom_gradient
-    def tie(table):
-        def gradient(d_projection, d_lookups):
-            if isinstance(d_lookups, tf.IndexedSlices):  # the rows of the ids looked up, (K, d_model)
-                return scatter_add_rows(d_projection, d_lookups.indices, d_lookups.values)
-            return d_projection + d_lookups
-        return (tf.identity(table), tf.identity(table)), gradient
-    return tie(embeddings)
+
+def build_transformer(config):
+    """The model of config (a ModelConfig) in the implementation it names."""
+    return transformer_class(config.impl)(config)
 
 
 class Transformer:
-    """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
+    """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection
+    (Section 3.4), computed in float32."""
 
     def __init__(self, config):
         self.config = config  # a ModelConfig
-        #: dtype of the matrix products; variables, layer norm, softmax and the loss stay float32.
-        self.dtype = COMPUTE_DTYPES[config.precision]
-        self.fused_kernels = config.kernels == "fused"
-        embeddings = get_token_embeddings(config.vocab_size, config.d_model, zero_pad=True)  # (V, d_model)
-        #: the output projection's name for the embedding matrix, and the lookups' (the same tensor without the
-        #: fused kernels; with them, two names whose gradients tied_embeddings sums)
-        self.embeddings, self.lookup_table = (tied_embeddings(embeddings) if self.fused_kernels
-                                              else (embeddings, embeddings))
+        self.embeddings = get_token_embeddings(config.vocab_size, config.d_model, zero_pad=True)  # (V, d_model)
 
-    # ---------------------------------------------------------------- encoder and decoder stacks
-    def _embed(self, ids, training, start=0):
-        """ids: (N, T) int32. Returns dropout(embeddings * sqrt(d_model) + positional encoding), (N, T, d_model)
-        (in training with the fused kernels, in one kernel: kernels.embedding_dropout)."""
-        embedded = tf.nn.embedding_lookup(self.lookup_table, ids)  # (N, T, d_model)
-        encodings = positional_encoding(embedded, start)  # (1, T, d_model)
-        scale, rate = self.config.d_model ** 0.5, self.config.dropout_rate
-        if self.fused_kernels and training and rate > 0:
-            return embedding_dropout(embedded, encodings[0], scale, rate)
-        return dropout(embedded * scale + encodings, rate, training)
+    @staticmethod
+    def optimizer(config, lr):
+        """Adam with beta1 0.9, beta2 0.98, epsilon 1e-9 (Section 5.3) at the learning rate lr."""
+        del config  # the fast path's optimizer depends on it
+        return tf1.train.AdamOptimizer(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
 
-    def _final_ln(self, outputs):
+    def embed(self, ids, training, start=0):
+        """dropout(embeddings[ids] * sqrt(d_model) + positional encoding) (Sections 3.4, 3.5, 5.4).
+        ids: (N, T) int32. start: the position of the first id. Returns (N, T, d_model)."""
+        embedded = tf.nn.embedding_lookup(self.embeddings, ids) * self.config.d_model ** 0.5  # (N, T, d_model)
+        return dropout(embedded + positional_encoding(embedded, start), self.config.dropout_rate, training)
+
+    def final_ln(self, outputs):
         """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones are normalized already."""
         return ln(outputs, scope="final_ln") if self.config.norm_type == "pre" else outputs
 
-    def encode(self, xs, training=True):
-        """xs: data_load.Sources, x (N, T1).
-
-        Returns memory (N, T1, d_model) and src_masks (N, T1) bool, True at padding.
-        """
+    def sublayer_flags(self, training):
+        """The keyword arguments every sublayer of this model takes."""
         cfg = self.config
-        x = xs.x
-        src_masks = tf.equal(x, PAD_ID)
-        src_biases = head_biases(src_masks, cfg.num_heads)  # (N*h, 1, T1), shared by every block
+        return dict(dropout_rate=cfg.dropout_rate, training=training, norm_type=cfg.norm_type)
+
+    # ---------------------------------------------------------------- Section 3.1: encoder and decoder stacks
+    def encode(self, xs, training=True):
+        """xs: data_load.Sources, x (N, T1). Returns memory (N, T1, d_model) and src_masks (N, T1) bool, True at
+        padding."""
+        cfg = self.config
+        src_masks = tf.equal(xs.x, PAD_ID)
         with tf1.variable_scope("encoder", reuse=tf1.AUTO_REUSE):
-            enc = self._embed(x, training)
+            enc = self.embed(xs.x, training)
             for i in range(cfg.num_blocks):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    enc, _ = self_attention(enc, src_biases, cfg.num_heads, cfg.dropout_rate, training,
-                                            scope="multihead_attention", norm_type=cfg.norm_type, dtype=self.dtype,
-                                            fused_kernels=self.fused_kernels, attention_dropout=cfg.attention_dropout)
-                    enc = ff(enc, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
-                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels,
-                             relu_dropout=cfg.relu_dropout)
-            memory = self._final_ln(enc)
+                    enc, _ = multihead_attention(enc, None, src_masks, cfg.num_heads, scope="multihead_attention",
+                                                 attention_dropout=cfg.attention_dropout,
+                                                 **self.sublayer_flags(training))
+                    enc = ff(enc, [cfg.d_ff, cfg.d_model], relu_dropout=cfg.relu_dropout,
+                             **self.sublayer_flags(training))
+            memory = self.final_ln(enc)
         return memory, src_masks
 
-    def _decoder_stack(self, decoder_input, memory, src_masks, training):
-        """decoder_input: (N, T2) ids. memory: (N, T1, d_model). src_masks: (N, T1).
+    def decoder_block(self, dec, memory, src_masks, training, cache=None):
+        """One decoder block (Section 3.1): masked self-attention, attention over the memory, feed-forward.
 
-        Returns decoder outputs (N, T2, d_model) and the last block's cross-attention (N, h, T2, T1).
+        dec: (N, T2, d_model). memory: (N, T1, d_model). src_masks: (N, T1). cache: None, or (decoding one position
+        at a time, T2 = 1) the self-attention's keys and values of the positions before (multihead_attention).
+        Returns (N, T2, d_model) and the cross-attention (N, h, T2, T1).
         The causal mask alone hides target padding: it only ever follows the real tokens.
         """
         cfg = self.config
-        src_biases = head_biases(src_masks, cfg.num_heads)  # (N*h, 1, T1), shared by every block
-        with tf1.variable_scope("decoder", reuse=tf1.AUTO_REUSE):
-            dec = self._embed(decoder_input, training)
-            for i in range(cfg.num_blocks):
-                with tf1.variable_scope("num_blocks_{}".format(i)):
-                    dec, _ = self_attention(dec, None, cfg.num_heads, cfg.dropout_rate, training, causality=True,
-                                            scope="self_attention", norm_type=cfg.norm_type, dtype=self.dtype,
-                                            fused_kernels=self.fused_kernels, attention_dropout=cfg.attention_dropout)
-                    dec, attention = cross_attention(dec, memory, src_biases, cfg.num_heads, cfg.dropout_rate, training,
-                                                     scope="vanilla_attention", norm_type=cfg.norm_type,
-                                                     dtype=self.dtype, fused_kernels=self.fused_kernels,
-                                                     attention_dropout=cfg.attention_dropout)
-                    dec = ff(dec, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
-                             norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels,
-                             relu_dropout=cfg.relu_dropout)
-            return self._final_ln(dec), attention
-
-    def _output_kernel(self):
-        """The output projection's kernel (d_model, V) in the compute dtype: the transposed embedding matrix, made
-        once per batch outside a decoding loop (a product with a kernel laid out (d_model, V) runs faster than one
-        that transposes its operand on the fly)."""
-        return tf.transpose(tf.cast(self.embeddings, self.dtype))
-
-    def _logits(self, dec, kernel=None):
-        """dec: (N, T, d_model) or (N, d_model). kernel: _output_kernel(), or None to make it here. Returns (N, T, V)
-        or (N, V) in self.dtype (16-bit under bf16/fp16: the loss and the decoding log-probabilities cast to float32
-        themselves)."""
-        with tf.name_scope("output_projection"):
-            kernel = self._output_kernel() if kernel is None else kernel
-            rows = dec if dec.shape.rank == 2 else tf.reshape(dec, [-1, self.config.d_model])  # (N*T, d_model)
-            logits = tf.matmul(tf.cast(rows, self.dtype), kernel)  # (N*T, V)
-            if dec.shape.rank == 2:
-                return logits
-            return tf.reshape(logits, tf.concat([tf.shape(dec)[:-1], [self.config.vocab_size]], 0))
+        flags = dict(attention_dropout=cfg.attention_dropout, **self.sublayer_flags(training))
+        dec, _ = multihead_attention(dec, None, None, cfg.num_heads, causality=cache is None, scope="self_attention",
+                                     cache=cache, **flags)
+        dec, attention = multihead_attention(dec, memory, src_masks, cfg.num_heads, scope="vanilla_attention",
+                                             **flags)
+        return ff(dec, [cfg.d_ff, cfg.d_model], relu_dropout=cfg.relu_dropout, **self.sublayer_flags(training)), \
+            attention
 
     def decode(self, ys, memory, src_masks, training=True):
-        """ys: data_load.Targets, decoder_input and y (N, T2). memory: (N, T1, d_model).
+        """ys: data_load.Targets, decoder_input and y (N, T2). memory: (N, T1, d_model). src_masks: (N, T1).
 
-        Returns logits (N, T2, V), greedy ids y_hat (N, T2), y, and the last block's
-        cross-attention (N, h, T2, T1).
+        Returns logits (N, T2, V), greedy ids y_hat (N, T2), y, and the last block's cross-attention (N, h, T2, T1).
         """
         decoder_input, y, _ = ys
-        dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training)
-        logits = self._logits(dec)
-        y_hat = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
-        return logits, y_hat, y, attention
-
-    # ---------------------------------------------------------------- training
-    def loss(self, xs, ys):
-        """Label-smoothed cross entropy summed over the non-pad target tokens, their count, and the last block's
-        cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss. Logits are computed
-        for the non-pad tokens only, a chunk of rows at a time (loss.output_loss)."""
-        memory, src_masks = self.encode(xs)
-        decoder_input, y, _ = ys
-        dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)  # (N, T2, d_model)
-        nonpadding = tf.not_equal(y, PAD_ID)  # (N, T2)
-        loss_sum = output_loss(tf.boolean_mask(dec, nonpadding), self.embeddings,  # (M, d_model): M non-pad tokens
-                               tf.boolean_mask(y, nonpadding), self.config.smoothing, self.dtype,
-                               fused_kernels=self.fused_kernels)
-        return loss_sum, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention
-
-    # ---------------------------------------------------------------- one position at a time, for decoding.py
-    def _project_memory(self, memory):
-        """Cross-attention keys and values of every decoder block, computed and split into heads once per batch.
-
-        memory: (B, T1, d_model). Returns a list of num_blocks pairs (K, V), each (B*h, T1, d_model/h).
-        """
-        projections = []
-        with tf1.variable_scope("decoder", reuse=True):
+        with tf1.variable_scope("decoder", reuse=tf1.AUTO_REUSE):
+            dec = self.embed(decoder_input, training)
             for i in range(self.config.num_blocks):
-                with tf1.variable_scope("num_blocks_{}/vanilla_attention".format(i)):
-                    projections.append(fused_heads(memory, self.config.d_model, ("k", "v"), self.config.num_heads,
-                                                   self.dtype))  # K, V: each (B*h, T1, d_model/h)
-        return projections
-
-    def _self_attention_kernels(self):
-        """Each decoder block's q, k and v kernels side by side, (d_model, 3 d_model), and biases (3 d_model,), in
-        the compute dtype: concatenated and cast once per batch, outside the decoding loop."""
-        kernels = []
-        with tf1.variable_scope("decoder", reuse=True):
-            for i in range(self.config.num_blocks):
-                with tf1.variable_scope("num_blocks_{}/self_attention".format(i)):
-                    kernel, bias = fused_dense_variables(self.config.d_model, self.config.d_model, ("q", "k", "v"))
-                    kernels.append((tf.cast(kernel, self.dtype), tf.cast(bias, self.dtype)))
-        return kernels
-
-    def _one_query_attention(self, queries, Q, K, V, key_masks):
-        """The rest of an attention sublayer (scope: the current one) for one query position per row.
-
-        queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected. K, V: (B*h, T_k, d_model/h).
-        key_masks: (B*h, 1, T_k) or (1, 1, T_k) float32 biases of modules.key_biases.
-        Returns (B, d_model).
-        """
-        cfg = self.config
-        d_head = cfg.d_model // cfg.num_heads
-        Q = tf.reshape(Q, [-1, 1, d_head])  # (B*h, 1, d_model/h): one position, so no transpose is needed
-        outputs, _ = scaled_dot_product_attention(Q, K, V, key_masks, training=False)  # (B*h, 1, d_model/h)
-        outputs = dense(tf.reshape(outputs, [-1, cfg.d_model]), cfg.d_model, scope="o", dtype=self.dtype)
-        return sublayer_output(queries, outputs, cfg.norm_type, 0.0, False)
-
-    def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, rows, future):
-        """Self-attention of position `step` over the cache, which it first extends by its own key and value.
-
-        dec: (B, d_model). K, V: (B, h, L, d_model/h), the cache (L > step). parents: (B,) the rows of the cache each
-        row continues (beam search's reordering), or None. qkv_kernel: (kernel, bias) of _self_attention_kernels.
-        rows: (B*h,) the row of position `step` of each (sentence, head) in the cache seen as (B*h*L, d_model/h).
-        future: (1, 1, L) float32 biases of modules.key_biases, masking the positions after `step`.
-        Returns (B, d_model) and the new cache K, V.
-        """
-        cfg = self.config
-        d_head = cfg.d_model // cfg.num_heads
-        x = sublayer_input(dec, cfg.norm_type)
-        Q, new_K, new_V = tf.split(affine(x, *qkv_kernel, dtype=self.dtype), 3, axis=-1)  # each (B, d_model)
-        if parents is not None:
-            with tf.name_scope("beam_reorder"):  # the copy the write below then updates in place
-                K, V = tf.gather(K, parents), tf.gather(V, parents)
-        with tf.name_scope("cache_write"):
-            K, V = (write_in_place(cache, rows, tf.reshape(new, [-1, d_head]))  # rows (B*h, d_model/h)
-                    for cache, new in ((K, new_K), (V, new_V)))
-        cache_len = tf.shape(K)[2]
-        heads_K, heads_V = (tf.reshape(t, [-1, cache_len, d_head]) for t in (K, V))  # (B*h, L, d_model/h)
-        return self._one_query_attention(dec, Q, heads_K, heads_V, future), K, V
-
-    def _cached_step(self, tokens, step, cache, parents, qkv_kernels, memory_kv, src_masks, output_kernel):
-        """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier steps.
-
-        tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
-        cache: list of num_blocks pairs (K, V), each (B, h, L, d_model/h), the self-attention keys and values of
-            positions 0..step-1 and zeros after (sentence-major, so that beam search can reorder them by
-            sentence). L is a multiple of CACHE_CHUNK: the cache grows by CACHE_CHUNK positions when a step
-            reaches its end (grow_cache), so attention reads about as many positions as were decoded, and each
-            shape serves CACHE_CHUNK steps.
-        parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row i continues i).
-        qkv_kernels: _self_attention_kernels(). memory_kv: list of num_blocks pairs (K, V), each
-            (B*h, T1, d_model/h). src_masks: (B*h, 1, T1) biases (modules.key_biases).
-        output_kernel: _output_kernel().
-        Returns logits (B, V) and the cache with position `step` written, each (B, h, L', d_model/h).
-        """
-        cfg = self.config
-        cache = grow_cache(cache, step)
-        cache_len = tf.shape(cache[0][0])[2]
-        rows = tf.range(tf.shape(tokens)[0] * cfg.num_heads) * cache_len + step  # (B*h,)
-        future = key_biases(tf.range(cache_len)[None, None, :] > step)  # (1, 1, L): keys not written yet
-        new_cache = []
-        with tf1.variable_scope("decoder", reuse=True):
-            # one position per row: (B, d_model) from here on, so the products need no reshapes
-            dec = tf.reshape(self._embed(tokens[:, None], training=False, start=step), [-1, cfg.d_model])
-            for i, ((K, V), (mem_K, mem_V)) in enumerate(zip(cache, memory_kv)):
                 with tf1.variable_scope("num_blocks_{}".format(i)):
-                    with tf1.variable_scope("self_attention", reuse=True):
-                        dec, K, V = self._cached_self_attention(dec, step, K, V, parents, qkv_kernels[i], rows,
-                                                                future)
-                    new_cache.append((K, V))
-                    with tf1.variable_scope("vanilla_attention", reuse=True):
-                        Q = dense(sublayer_input(dec, cfg.norm_type), cfg.d_model, scope="q", dtype=self.dtype)
-                        dec = self._one_query_attention(dec, Q, mem_K, mem_V, src_masks)
-                    dec = ff(dec, [cfg.d_ff, cfg.d_model], training=False, norm_type=cfg.norm_type, dtype=self.dtype)
-            dec = self._final_ln(dec)
-        return self._logits(dec, output_kernel), new_cache
+                    dec, attention = self.decoder_block(dec, memory, src_masks, training)
+            dec = self.final_ln(dec)
+        logits = self.logits(dec)
+        return logits, tf.cast(tf.argmax(logits, axis=-1), tf.int32), y, attention
 
+    def logits(self, dec):
+        """The output projection, the transposed embedding matrix (Section 3.4). dec: (N, T, d_model).
+        Returns (N, T, V)."""
+        return tf.tensordot(dec, self.embeddings, axes=[[2], [1]])
+
+    # ---------------------------------------------------------------- Section 5: training
+    def loss(self, xs, ys):
+        """Label-smoothed cross entropy (Section 5.4) summed over the non-pad target tokens, their count, and the
+        last block's cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token training loss."""
+        memory, src_masks = self.encode(xs)
+        logits, _, y, attention = self.decode(ys, memory, src_masks)  # logits: (N, T2, V)
+        targets = label_smoothing(tf.one_hot(y, self.config.vocab_size), self.config.smoothing)  # (N, T2, V)
+        losses = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)  # (N, T2)
+        nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)
+        return tf.reduce_sum(losses * nonpadding), tf.reduce_sum(nonpadding), attention
+
+    def train(self, xs, ys, optimizer, global_step, token_count):
+        """One training step on a batch: the loss per target token, and Adam's update of every weight.
+
+        optimizer: make_optimizer's. global_step: incremented by the update. token_count: the non-pad target tokens
+        the loss is divided by (those of xs, ys; or of the global batch when distributed.py gives each replica a
+        part of it, so that the replicas' losses add up to the batch's). Returns the loss, the train op, the
+        gradients (dense, in the order of optimizer.compute_gradients) and the cross-attention (N, h, T2, T1).
+        """
+        loss_sum, _, attention = self.loss(xs, ys)
+        loss = loss_sum / (token_count + 1e-7)
+        grads_and_vars = optimizer.compute_gradients(loss)
+        grads = [tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]  # the embedding's IndexedSlices made dense
+        train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        return loss, train_op, grads, attention
+
+    # ---------------------------------------------------------------- inference
     def cached_decoder(self, memory, src_masks):
-        """Step function and initial state for decoding with a cache (decoding.greedy_search and beam_search run it).
+        """Step function and initial state for decoding one position at a time (decoding.greedy_search and
+        beam_search run it): each step runs the decoder on the new position only, its self-attention over the keys
+        and values that the steps before left in the cache.
 
-        memory: (B, T1, d_model). src_masks: (B, T1). Returns step_fn(tokens (B,), step, state, parents=None) ->
-        logits (B, V), new state (see _cached_step), and the empty cache.
+        memory: (B, T1, d_model). src_masks: (B, T1). Returns step_fn(tokens (B,), step, cache, parents=None) ->
+        logits (B, V) and the cache with this step's keys and values appended (parents (B,): the cache rows that the
+        B rows continue, in beam search), and the empty cache: per block {"keys", "values"}, each (B, h, 0, d_k).
         """
         cfg = self.config
-        memory_kv = self._project_memory(memory)
-        qkv_kernels = self._self_attention_kernels()
-        head_masks = head_biases(src_masks, cfg.num_heads)  # (B*h, 1, T1)
-        empty = tf.zeros([tf.shape(memory)[0], cfg.num_heads, 0, cfg.d_model // cfg.num_heads], self.dtype)
-        cache = [(empty, empty) for _ in range(cfg.num_blocks)]  # each (B, h, 0, d_model/h)
-        output_kernel = self._output_kernel()
+        empty = tf.zeros([tf.shape(memory)[0], cfg.num_heads, 0, cfg.d_model // cfg.num_heads])
+        cache = [{"keys": empty, "values": empty} for _ in range(cfg.num_blocks)]
 
-        def step_fn(tokens, step, state, parents=None):
-            return self._cached_step(tokens, step, state, parents, qkv_kernels, memory_kv, head_masks, output_kernel)
+        def step_fn(tokens, step, cache, parents=None):
+            if parents is not None:
+                cache = tf.nest.map_structure(lambda t: tf.gather(t, parents), cache)
+            cache = [dict(block) for block in cache]  # new dicts: multihead_attention appends to them
+            with tf1.variable_scope("decoder", reuse=True):
+                dec = self.embed(tokens[:, None], training=False, start=step)  # (B, 1, d_model)
+                for i in range(cfg.num_blocks):
+                    with tf1.variable_scope("num_blocks_{}".format(i)):
+                        dec, _ = self.decoder_block(dec, memory, src_masks, False, cache[i])
+                dec = self.final_ln(dec)
+            return self.logits(dec)[:, 0, :], cache
         return step_fn, cache
 
-    def uncached_decoder(self, memory, src_masks):
-        """Step function, initial state and append function that re-run the whole decoder on the prefix (the
-        reference the cache is tested against; decoding.greedy_search runs it). memory: (B, T1, d_model). src_masks:
-        (B, T1). Returns step_fn(tokens (B,), step, prefix) -> logits (B, V), prefix; the prefix (B, 1) of <s>;
-        append(prefix, tokens) -> prefix (B, t+2)."""
-        prefix = tf.fill([tf.shape(memory)[0], 1], BOS_ID)  # (B, 1)
-        output_kernel = self._output_kernel()
-
-        def step_fn(tokens, step, state):
-            del tokens, step  # the prefix state already ends with the previous token
-            dec, _ = self._decoder_stack(state, memory, src_masks, training=False)
-            return self._logits(dec, output_kernel)[:, -1, :], state
-
-        def append(state, tokens):
-            return tf.concat([state, tokens[:, None]], axis=1)  # (B, t+2)
-        return step_fn, prefix, append
-
-    def _teacher_forced(self, xs, ids):
-        """The decoder run on given translations ids (N, T) (ending in </s> then 0s) in eval mode.
-
-        Returns decoder outputs (N, T, d_model) and the last block's cross-attention (N, h, T, T1).
-        """
+    def teacher_forced(self, xs, ids):
+        """The decoder run in eval mode on given translations ids (N, T) (ending in </s> then 0s).
+        Returns logits (N, T, V) and the last block's cross-attention (N, h, T, T1)."""
         memory, src_masks = self.encode(xs, training=False)
         decoder_input = tf.concat([tf.fill([tf.shape(ids)[0], 1], BOS_ID), ids[:, :-1]], axis=1)  # (N, T)
-        return self._decoder_stack(decoder_input, memory, src_masks, training=False)
+        logits, _, _, attention = self.decode((decoder_input, ids, None), memory, src_masks, training=False)
+        return logits, attention
 
     def score(self, xs, ids, alpha=0.6):
         """Teacher-forced model score of given translations, the quantity beam search maximizes.
 
         ids: (N, T) ending in </s> then 0s. Returns (N,) log p(ids | x) / length_penalty(len, alpha).
         """
-        dec, _ = self._teacher_forced(xs, ids)
-        log_probs = decoding_log_probs(self._logits(dec))  # (N, T, V)
+        log_probs = decoding_log_probs(self.teacher_forced(xs, ids)[0])  # (N, T, V)
         token_log_probs = tf.gather(log_probs, ids, batch_dims=2)  # (N, T)
         nonpadding = tf.cast(tf.not_equal(ids, PAD_ID), tf.float32)
         lengths = tf.reduce_sum(nonpadding, axis=1)
@@ -360,7 +235,7 @@ class Transformer:
 
     def attention(self, xs, ids):
         """Cross-attention of the last decoder block for given translations ids (N, T): (N, h, T, T1)."""
-        return self._teacher_forced(xs, ids)[1]
+        return self.teacher_forced(xs, ids)[1]
 
     def eval(self, xs, settings):
         """Translations of a batch, xs: data_load.Sources, x (N, T1), decoded as settings (a decoding.DecodingSettings)
@@ -374,9 +249,8 @@ class Transformer:
 
 
 def make_optimizer(hp, global_step):
-    """Adam (beta1 0.9, beta2 0.98, epsilon 1e-9; Section 5.3) on the learning-rate schedule of hp.lr_schedule.
-    Returns optimizer, lr, and the variable that holds the schedule's end step (schedule_total_steps). With
-    --kernels fused each variable's update is one kernel (kernels.OnePassAdam: the same update, bit for bit).
+    """Adam (Section 5.3; the implementation's optimizer) on the learning-rate schedule of hp.lr_schedule.
+    Returns optimizer, lr, and the variable that holds the schedule's end step (schedule_total_steps).
 
     Under --precision fp16 it is wrapped in dynamic loss scaling (Micikevicius et al., 2018): the loss is multiplied
     by a scale before differentiation so that small float16 gradients do not flush to zero, the gradients are divided
@@ -389,8 +263,8 @@ def make_optimizer(hp, global_step):
         lr = noam_cooldown_scheme(hp.lr, global_step, hp.warmup_steps, total_steps, hp.cooldown_fraction)
     else:
         lr = warmup_decay_scheme(hp.lr, global_step, hp.warmup_steps, total_steps, decay=schedule)
-    adam = OnePassAdam if hp.kernels == "fused" else tf1.train.AdamOptimizer  # the same update
-    optimizer = adam(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
+    config = ModelConfig.from_flags(hp)
+    optimizer = transformer_class(config.impl).optimizer(config, lr)
     if hp.precision == "fp16":
         optimizer = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
     return optimizer, lr, total_steps

@@ -99,8 +99,15 @@ def usable_cores():
 
 def resolve_precision(hp):
     """Replaces hp.precision "auto" by what this machine runs fastest (choose_precision) and prints the choice;
-    prints a warning for an explicit bf16 that this CPU can only emulate."""
+    prints a warning for an explicit bf16 that this CPU can only emulate. The reference implementation (--impl
+    reference) computes in float32: fp32, with a note when another precision was asked for."""
     import tensorflow as tf  # here: this module is imported before TensorFlow
+    if hp.impl == "reference":
+        if hp.precision not in ("auto", "fp32"):
+            print("precision: fp32 (--impl reference computes in float32; --impl fast runs %s)" % hp.precision,
+                  file=sys.stderr)
+        hp.precision = "fp32"
+        return
     _, flags = cpu_info()
     hp.precision, note = choose_precision(hp.precision, flags, os.environ.get("ONEDNN_MAX_CPU_ISA"),
                                           bool(tf.config.list_physical_devices("GPU")))

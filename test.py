@@ -21,7 +21,7 @@ from decoding import DecodingSettings, translate
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
-from model import ModelConfig, Transformer
+from model import ModelConfig, build_transformer
 from textio import atomic_write, check_writable_dir, read_lines
 from utils import calc_bleu, get_hypotheses
 
@@ -52,7 +52,7 @@ def main(argv=None):
                         "set" % hp.data_dir)
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
-    ids, scores = translate(Transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
+    ids, scores = translate(build_transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
     sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
     runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with tf1.Session(config=runtime.session_config(hp)) as sess:

@@ -27,7 +27,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 import distributed
-import kernels
+from fast import kernels
 from budget import Budget
 from data_load import Sources, eval_order, get_batch
 from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
@@ -37,7 +37,7 @@ from hparams import Hparams, check_ranges, parse_flags
 from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
                     logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs,
                     trained_data_dir)
-from model import ModelConfig, Transformer
+from model import ModelConfig, build_transformer
 from textio import atomic_write, check_writable_dir, read_lines
 from utils import Progress, calc_bleu, get_hypotheses
 
@@ -131,7 +131,7 @@ def build_graph(hp, manifest, cluster):
     xs, ys = iterator.get_next()
 
     step = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
-    model = Transformer(ModelConfig.from_flags(hp))  # the training step's variables, reused
+    model = build_transformer(ModelConfig.from_flags(hp))  # the training step's variables, reused
     eval_ids, eval_scores, eval_summaries = model.eval(xs, DecodingSettings.from_flags(hp))
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)

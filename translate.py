@@ -43,7 +43,7 @@ from datadir import bpe_model_path
 from errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
-from model import ModelConfig, Transformer
+from model import ModelConfig, build_transformer
 from modules import positional_encoding
 from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
                     decode_lines)
@@ -211,7 +211,7 @@ class Translator:
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
         xs = Sources(self.x, self.x_seqlen)
-        model = Transformer(ModelConfig.from_flags(hp))
+        model = build_transformer(ModelConfig.from_flags(hp))
         # (N, nbest, T), (N, nbest): best first
         self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp), nbest)
         self.attention = None

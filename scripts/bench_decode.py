@@ -1,7 +1,7 @@
 """Decoding speed of our in-graph decoders and of CTranslate2 on the same weights, sentences and machine.
 
     python scripts/bench_decode.py [--data_dir data/multi30k] [--sentences 500] [--batch_size 100]
-                                   [--logdir LOGDIR] [--max_steps 50] [--threads 0] [--no_uncached]
+                                   [--logdir LOGDIR] [--max_steps 50] [--threads 0] [--no_reference]
                                    [--profile K]
 
 Without --logdir the model has the fixed size d_model 256, 3+3 blocks, d_ff 1024, 8 heads and the data dir's
@@ -11,8 +11,8 @@ decoding length --max_steps): every decoder runs the decoder --max_steps times p
 trained model and its --max_len_a/--max_len_b are used instead, and decoding stops at </s> (CTranslate2 takes one
 length limit per batch: the longest of its sentences').
 
-Decoders: uncached greedy (the whole decoder re-run on the prefix each step; left out with --no_uncached), cached
-greedy, cached beam 4, and, when the ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same
+Decoders: the reference path's greedy (model.Transformer in float32, its cache appended to by concatenation; left
+out with --no_reference), the model's cached greedy (--impl fast: FastTransformer's), cached beam 4, and, when the ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same
 weights converted (ctranslate2_engine.py) and run with float32 and with int8 weights, on as many threads.
 
 The first --sentences source lines of the eval (dev) split are sorted by length and cut into batches of
@@ -48,7 +48,7 @@ from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from logdir import find_checkpoint, load_trained_hparams, restore, trained_data_dir  # noqa: E402
-from model import ModelConfig, Transformer  # noqa: E402
+from model import ModelConfig, Transformer, build_transformer  # noqa: E402
 from errors import run_cli  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -69,7 +69,8 @@ def parse_args(argv):
     parser.add_argument("--max_steps", type=int, default=50,
                         help="decoding steps per sentence with random weights (ignored with --logdir)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads; 0 uses every core")
-    parser.add_argument("--no_uncached", action="store_true", help="leave out the (slow) uncached greedy decoder")
+    parser.add_argument("--no_reference", action="store_true",
+                        help="leave out the reference path's (slower) greedy decoder")
     parser.add_argument("--profile", type=int, default=0, metavar="K",
                         help="trace K runs of cached greedy and of beam 4 on the first batch: time per op type "
                              "and per part of the decoding step")
@@ -199,12 +200,13 @@ def main(argv=None):
 
     start = time.perf_counter()
     tf1.set_random_seed(hp.seed)
-    model = Transformer(ModelConfig.from_flags(hp))
+    model = build_transformer(ModelConfig.from_flags(hp))
     cached_ids, _ = translate(model, xs, greedy)
     graph_build_s = time.perf_counter() - start
     ops = {"cached_greedy": cached_ids, "beam4": translate(model, xs, dataclasses.replace(greedy, beam_size=BEAM))[0]}
-    if not args.no_uncached:
-        ops["uncached_greedy"] = translate(model, xs, greedy, cached=False)[0]
+    if not args.no_reference:
+        reference = Transformer(dataclasses.replace(ModelConfig.from_flags(hp), impl="reference", precision="fp32"))
+        ops["reference_greedy"] = translate(reference, xs, greedy)[0]
     bpe_model = bpe_model_path(hp.data_dir, load_manifest(hp.data_dir))
     with tf1.Session(config=config) as sess, tempfile.TemporaryDirectory() as tmp:
         if args.logdir:
@@ -240,10 +242,10 @@ def main(argv=None):
             "ct2_fp32_greedy_agreement": round(agreement(runs["cached_greedy"][2], runs["ct2_fp32_greedy"][2],
                                                          None if args.logdir else args.max_steps - 1), 4),
         })
-    if "uncached_greedy" in runs:
+    if "reference_greedy" in runs:
         result.update({
-            "cached_vs_uncached_speedup": round(speed["cached_greedy"] / speed["uncached_greedy"], 2),
-            "cached_equals_uncached": runs["cached_greedy"][2] == runs["uncached_greedy"][2],
+            "cached_vs_reference_speedup": round(speed["cached_greedy"] / speed["reference_greedy"], 2),
+            "cached_equals_reference": runs["cached_greedy"][2] == runs["reference_greedy"][2],
         })
     for name, (parts, op_types, wall) in profiles.items():
         result["profile_" + name] = {"wall_ms_per_run": wall, "ms_per_part": parts, "ms_per_op_type": op_types}

@@ -32,12 +32,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import distributed  # noqa: E402
-import kernels  # noqa: E402
+from fast import kernels  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from model import COMPUTE_DTYPES  # noqa: E402
+from fast.model import COMPUTE_DTYPES  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -98,7 +98,7 @@ def same_dtype_mfu(hp, config, model_gflops):
 
 def matmul_share(profile):
     """{op type: ms per step} -> the ms per step of the matrix products (op types with MatMul in their name, oneDNN's
-    and fused ones included) and of everything else, the work the kernels of kernels.py shrink."""
+    and fused ones included) and of everything else, the work the kernels of fast/kernels.py shrink."""
     matmul = sum(ms for op, ms in profile.items() if "MatMul" in op)
     return {"matmul_ms_per_step": round(matmul, 1), "other_ms_per_step": round(sum(profile.values()) - matmul, 1)}
 

@@ -15,8 +15,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
 fi
 PY="$VENV/bin/python"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-# the fused training kernels (kernels.py): built once per source and TensorFlow version, skipped with a note if
+# the fused training kernels (fast/kernels.py): built once per source and TensorFlow version, skipped with a note if
 # g++ is missing (training then runs TensorFlow's ops)
 if ! ls "$ROOT"/build/kernels-*.so >/dev/null 2>&1; then
-  (cd "$ROOT" && "$PY" kernels.py)
+  (cd "$ROOT" && "$PY" -m fast.kernels)
 fi

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import distributed
 from data_load import Sources, Targets
-from model import BOS_ID, EOS_ID, ModelConfig, Transformer
+from model import BOS_ID, EOS_ID, ModelConfig, build_transformer
 from modules import label_smoothing
 
 tf1 = tf.compat.v1
@@ -16,7 +16,7 @@ TINY_MODEL_MAXLEN1 = 20
 
 SMALL = dict(vocab_size=40, d_model=32, d_ff=64, num_blocks=2, num_heads=4, dropout_rate=0.0, attention_dropout=None,
              relu_dropout=0.0, norm_type="post", smoothing=0.0, lr=3e-3, lr_schedule="noam", warmup_steps=50,
-             precision="fp32", kernels="tf")
+             impl="fast", precision="fp32", kernels="tf")
 
 
 def small_hp(**overrides):
@@ -59,7 +59,15 @@ class Placeholders:
 def build(hp):
     """A model over placeholders in a new default graph (the caller enters graph.as_default())."""
     tf1.set_random_seed(0)
-    return Transformer(ModelConfig.from_flags(hp)), Placeholders()
+    return build_transformer(ModelConfig.from_flags(hp)), Placeholders()
+
+
+def run_graph(build_fn):
+    """Builds tensors with build_fn() in a fresh graph, initializes variables and returns their values."""
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        tensors = build_fn()
+        sess.run(tf1.global_variables_initializer())
+        return sess.run(tensors)
 
 
 def train_step(hp, ph):

@@ -1,4 +1,4 @@
-"""kernels.py's fused kernels against the TensorFlow ops they replace, with the same keep decisions."""
+"""fast/kernels.py's fused kernels against the TensorFlow ops they replace, with the same keep decisions."""
 import os
 import shutil
 import subprocess
@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import kernels
-from loss import smoothed_cross_entropy
-from modules import MASKED_LOGIT, ln_reference, mask_future
+from fast import kernels
+from fast.layers import mask_future
+from fast.loss import smoothed_cross_entropy
+from modules import MASKED_LOGIT, ln
 
 tf1 = tf.compat.v1
 
@@ -43,7 +44,7 @@ def fused_and_reference(x, f, rate, seed, dtype=tf.float32):
                 y, _, _ = kernels.load().residual_dropout_ln(xs, fs, fb, g, b, tf.constant(seed, tf.int32),
                                                              rate=rate, epsilon=1e-6)
             else:
-                y = ln_reference(xs + tf.where(keep, (tf.cast(fs, tf.float32) + fb) / (1 - rate), 0.0))
+                y = ln(xs + tf.where(keep, (tf.cast(fs, tf.float32) + fb) / (1 - rate), 0.0))
             grads = tf.gradients(y, [xs, fs, fb, g, b], upstream)
             sess.run(tf1.global_variables_initializer())
             results.append(sess.run([y] + [tf.cast(grad, tf.float32) for grad in grads]))

@@ -1,11 +1,13 @@
-"""The Transformer graph: causality, padding invariance, learning, stable variable names."""
+"""The Transformer graph on both paths (--impl reference and fast): causality, padding invariance, learning, the
+same loss and gradients, stable variable names."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import kernels
 from decoding import DecodingSettings, translate
-from model_fixtures import build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
+from fast import kernels
+from model import ModelConfig, build_transformer
+from model_fixtures import Placeholders, build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
 
 tf1 = tf.compat.v1
 
@@ -21,10 +23,11 @@ def decoder_logits(hp, x, y, training):
             return sess.run(logits, ph.feed(x, y))
 
 
+@pytest.mark.parametrize("impl", ["reference", "fast"])
 @pytest.mark.parametrize("norm_type", ["post", "pre"])
-def test_changing_a_later_target_token_leaves_earlier_outputs_unchanged(norm_type):
+def test_changing_a_later_target_token_leaves_earlier_outputs_unchanged(norm_type, impl):
     rng = np.random.RandomState(0)
-    hp = small_hp(norm_type=norm_type)
+    hp = small_hp(norm_type=norm_type, impl=impl)
     x, y = random_ids(rng, [6, 4], hp.vocab_size), random_ids(rng, [7, 7], hp.vocab_size)
     y_changed = y.copy()
     y_changed[:, 3] = (y[:, 3] - 4 + 1) % (hp.vocab_size - 4) + 4  # decoder input position 4 changes
@@ -34,11 +37,12 @@ def test_changing_a_later_target_token_leaves_earlier_outputs_unchanged(norm_typ
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("impl", ["reference", "fast"])
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("norm_type", ["post", "pre"])
-def test_appending_padding_leaves_real_positions_unchanged(training, norm_type):
+def test_appending_padding_leaves_real_positions_unchanged(training, norm_type, impl):
     rng = np.random.RandomState(1)
-    hp = small_hp(norm_type=norm_type, dropout_rate=0.0)
+    hp = small_hp(norm_type=norm_type, dropout_rate=0.0, impl=impl)
     x, y = random_ids(rng, [5, 3, 6], hp.vocab_size), random_ids(rng, [4, 6, 2], hp.vocab_size)
     padded_x, padded_y = np.pad(x, [[0, 0], [0, 7]]), np.pad(y, [[0, 0], [0, 5]])
     plain = decoder_logits(hp, x, y, training)
@@ -63,9 +67,49 @@ def train_on_a_tiny_batch(hp, steps):
 
 
 @pytest.mark.slow
-def test_overfits_a_tiny_batch():
-    losses, _ = train_on_a_tiny_batch(small_hp(), 300)
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_overfits_a_tiny_batch(impl):
+    losses, _ = train_on_a_tiny_batch(small_hp(impl=impl), 300)
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
+
+
+def reference_and_fast_loss_and_gradients(fast_hp, x, y):
+    """The training loss sum and the gradients of every variable, by the reference path (float32) and by the fast
+    path of fast_hp, both models in one graph over the same variables (the same names: the second reuses them)."""
+    with tf.Graph().as_default():
+        tf1.set_random_seed(0)
+        ph, outputs = Placeholders(), []
+        for hp in (small_hp(**{**vars(fast_hp), "impl": "reference", "precision": "fp32"}), fast_hp):
+            loss_sum, _, _ = build_transformer(ModelConfig.from_flags(hp)).loss(ph.xs, ph.ys)
+            outputs.append([loss_sum, [tf.convert_to_tensor(g) for g in tf.gradients(loss_sum,
+                                                                                      tf1.trainable_variables())]])
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            return sess.run(outputs, ph.feed(x, y))
+
+
+@pytest.mark.parametrize("norm_type", ["post", "pre"])
+@pytest.mark.parametrize("precision, kernels_", [("fp32", "tf"), ("fp32", "fused"), ("bf16", "fused")])
+def test_the_fast_path_gives_the_reference_loss_and_gradients(precision, kernels_, norm_type):
+    """Without dropout the two implementations compute the same function: to float32 rounding in fp32, and within
+    bfloat16's precision (a relative 1e-2 on the loss, gradients pointing the same way) in bf16."""
+    if kernels_ == "fused":
+        try:
+            kernels.load()
+        except kernels.KernelsUnavailable as e:
+            pytest.skip(str(e))
+    rng = np.random.RandomState(4)
+    hp = small_hp(smoothing=0.1, precision=precision, kernels=kernels_, norm_type=norm_type)
+    x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size, width=9)
+    (reference_sum, reference_grads), (fast_sum, fast_grads) = reference_and_fast_loss_and_gradients(hp, x, y)
+    if precision == "fp32":
+        np.testing.assert_allclose(fast_sum, reference_sum, rtol=1e-5)
+        for fast, reference in zip(fast_grads, reference_grads):
+            np.testing.assert_allclose(fast, reference, atol=1e-5)
+        return
+    np.testing.assert_allclose(fast_sum, reference_sum, rtol=1e-2)
+    flat = [np.concatenate([g.ravel() for g in grads]) for grads in (reference_grads, fast_grads)]
+    assert flat[0] @ flat[1] / np.linalg.norm(flat[0]) / np.linalg.norm(flat[1]) > 0.99
 
 
 def loss_and_gradients(hp, x, y, reference=False):
@@ -127,7 +171,7 @@ def loss_and_gradients_at(hp, x, y, weights=None):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_fused_kernels_give_the_training_loss_and_gradients_of_tensorflow_ops(precision):
-    """Without dropout the fused residual + layer norm is the same function as TensorFlow's ops (kernels.py)."""
+    """Without dropout the fused residual + layer norm is the same function as TensorFlow's ops (fast/kernels.py)."""
     try:
         kernels.load()
     except kernels.KernelsUnavailable as e:
@@ -182,11 +226,12 @@ def expected_variables(d_model=32, d_ff=64, vocab_size=40):
     return names
 
 
-def test_variable_names_are_stable():
-    """Checkpoints restore across versions only if these names and shapes never change (docs/checkpoint-format.md
-    lists them)."""
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_variable_names_are_stable(impl):
+    """Checkpoints restore across versions, and move between the implementations, only if these names and shapes
+    never change (docs/checkpoint-format.md lists them)."""
     with tf.Graph().as_default():
-        hp = small_hp(num_blocks=1)
+        hp = small_hp(num_blocks=1, impl=impl)
         model, ph = build(hp)
         train_step(hp, ph)
         translate(model, ph.xs, DecodingSettings(beam_size=2))

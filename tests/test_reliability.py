@@ -570,9 +570,9 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
     with tf.Graph().as_default():
         import decoding
         from data_load import Sources
-        from model import ModelConfig, Transformer
+        from model import ModelConfig, build_transformer
         xs = Sources(tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
-        decoding.translate(Transformer(ModelConfig.from_flags(hp)), xs, decoding.DecodingSettings())
+        decoding.translate(build_transformer(ModelConfig.from_flags(hp)), xs, decoding.DecodingSettings())
         with tf1.Session() as sess:
             assert restore(sess, ckpt, str(logdir)) == ckpt
             weights = sess.run(next(v for v in tf1.global_variables() if v.op.name.startswith("shared_weight")))

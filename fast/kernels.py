@@ -1,4 +1,4 @@
-"""The toolkit's own CPU kernels (csrc/*.cc): a training step's elementwise chains in one pass over memory
+"""The toolkit's own CPU kernels (fast/csrc/*.cc): a training step's elementwise chains in one pass over memory
 each, where TensorFlow runs one op, and one pass, per operation.
 
     ops = kernels.load()                           # builds the library with g++ on first use; KernelsUnavailable
@@ -14,10 +14,10 @@ each, where TensorFlow runs one op, and one pass, per operation.
 The library is built against the installed TensorFlow, for this CPU (-march=native, capped like oneDNN by
 ONEDNN_MAX_CPU_ISA), into build/ beside this file, under a name that hashes the source, TensorFlow's version and
 the compiler flags; a later load finds it there.
-Building takes about 40 s. modules.projected_sublayer_output, modules.scaled_dot_product_attention, modules' heads
-(fused_heads, split_heads, merge_heads), loss.output_loss, and model.Transformer's embedding and its gradient
-(tied_embeddings) and model.make_optimizer (OnePassAdam) use these kernels in training when the model's config
-says "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they replace stay the reference that
+Building takes about 40 s. fast.layers (projected_sublayer_output, scaled_dot_product_attention, the heads'
+fused_heads, split_heads, merge_heads), fast.loss.output_loss, and fast.model.FastTransformer's embedding and its
+gradient (tied_embeddings) and optimizer (OnePassAdam) use these kernels in training when the model's config says
+"fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they replace stay the reference that
 tests/test_kernels.py holds them to.
 """
 import functools
@@ -37,7 +37,7 @@ SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
                          "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc", "heads.cc", "adam.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
-BUILD_DIR = os.path.join(HERE, "build")
+BUILD_DIR = os.path.join(os.path.dirname(HERE), "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
 
 
@@ -132,7 +132,11 @@ def choose_kernels(requested, has_gpu):
 
 
 def resolve_kernels(hp):
-    """Replaces hp.kernels "auto" by "fused" or "tf" (choose_kernels), printing why when it falls back."""
+    """Replaces hp.kernels "auto" by "fused" or "tf" (choose_kernels), printing why when it falls back. The
+    reference implementation (--impl reference) runs none of them: "tf"."""
+    if hp.impl == "reference":
+        hp.kernels = "tf"
+        return
     hp.kernels, note = choose_kernels(hp.kernels, bool(tf.config.list_physical_devices("GPU")))
     if note:
         print(note, file=sys.stderr)
@@ -291,13 +295,13 @@ def keep_decisions(seed, shape, rate):
 
 
 def main():
-    """`python kernels.py`: builds the library if build/ lacks it and says whether training will use it."""
+    """`python -m fast.kernels`: builds the library if build/ lacks it and says whether training will use it."""
     try:
         load()
     except KernelsUnavailable as e:
         print("kernels: unavailable (%s); training runs TensorFlow's ops instead" % e)
         return
-    print("kernels: %s" % os.path.relpath(library_path(), HERE))
+    print("kernels: %s" % os.path.relpath(library_path(), os.path.dirname(HERE)))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ rows, one softmax per chunk, and the one-hot and uniform parts of the gradient a
 """
 import tensorflow as tf
 
-import kernels
+from fast import kernels
 
 
 def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
