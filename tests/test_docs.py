@@ -47,8 +47,10 @@ def slug(heading):
 
 def anchors(path):
     """The anchors of a page's headings, with GitHub's -1, -2 suffixes for repeated ones."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
     seen, result = {}, set()
-    for line in unfenced_lines(open(path, encoding="utf-8").read()):
+    for line in unfenced_lines(text):
         match = re.match(r"#{1,6} (.+)", line)
         if match:
             base = slug(match.group(1).rstrip("#"))
