@@ -10,8 +10,8 @@ sentencepiece's, ties included).
 
 This is the paper's algorithm, not sentencepiece's sampling for BPE models (`enable_sampling`, `alpha`), in which a
 pair skipped once stays unmerged: one early skip then leaves the whole word in small pieces (at 0.1, 40% more
-pieces on Multi30k against 21% here), which trained far worse here (docs/recipe.md); sentencepiece's random stream
-also gave other pieces for the same seed in another process, where this one is seeded by us.
+pieces on Multi30k against 21% here), which trained far worse here (docs/log/recipe-log.md); sentencepiece's
+random stream also gave other pieces for the same seed in another process, where this one is seeded by us.
 
     merges = Merges.from_model("data/multi30k/bpe.model")
     ids = segment_lines(lines_of_pieces, merges, 0.1, seeded_draw([1234, epoch]))

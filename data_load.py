@@ -236,7 +236,7 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
     batches of batch_size // W pairs padded to W: a batch closes once it holds batch_size // W pairs, W the
     bucket of the last pair in it, and the pairs left over from narrower buckets join the next bucket's first
     batch. Every batch but the last is full, so a whole epoch comes in about one shape per bucket (each new shape
-    costs oneDNN kernel memory, docs/performance.md). Only the buckets are looped over, not the pairs.
+    costs oneDNN kernel memory, docs/log/performance-log.md). Only the buckets are looped over, not the pairs.
     Returns a list of (index array, padded width): the width is None in sentences mode.
     """
     n = len(lengths1)
@@ -387,7 +387,7 @@ def input_fn(pairs_of, batch_size, shuffle=False, batch_type="sentences", seed=0
     dataset = tf.data.Dataset.from_generator(generate, args=(epoch,),
                                              output_signature=(Sources(ids, lengths), Targets(ids, ids, lengths)))
     # tf.data's autotuner stays off: with it, re-initializing the iterator (each epoch, each dev decode) can stall
-    # for seconds (docs/performance.md), and a generator followed by a fixed prefetch has nothing to tune.
+    # for seconds (docs/log/performance-log.md), and a generator followed by a fixed prefetch has nothing to tune.
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.skip(tf.cast(skip, tf.int64)).prefetch(4).with_options(options), num_batches

@@ -66,8 +66,8 @@ class Hparams:
                                 "et al., 2020: at each merge step each possible merge is dropped with this "
                                 "probability, so words come in varying, finer pieces; a regulariser; it lengthens "
                                 "the sequences, by about 21%% at 0.1 on Multi30k, and did not pay in the recipe's "
-                                "runs, docs/recipe.md); 0: prepro's segmentation. Dev, test and translation always "
-                                "use prepro's")
+                                "runs, docs/log/recipe-log.md); 0: prepro's segmentation. Dev, test and "
+                                "translation always use prepro's")
 
     @staticmethod
     def _add_model(group):
@@ -135,8 +135,8 @@ class Hparams:
         group.add_argument("--kernels", choices=["auto", "fused", "tf"], default="auto",
                            help="auto: in training, each attention's scaling, masks, softmax and dropout, and each "
                                 "post-norm sublayer's dropout, residual add and layer norm, run as one C++ kernel "
-                                "each, their gradients too (fast/kernels.py, built with g++ on first use), when they build "
-                                "here and no GPU is visible, else as TensorFlow's ops; the same functions (their "
+                                "each, their gradients too (fast/kernels.py, built with g++ on first use), when they "
+                                "build here and no GPU is visible, else as TensorFlow's ops; the same functions (their "
                                 "dropout draws its own decisions); fused: what auto resolved to (a resumed run "
                                 "checks again); tf: TensorFlow's ops only. --impl fast only (reference: tf)")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"], default="none",

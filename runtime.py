@@ -9,7 +9,8 @@ A variable the user has set keeps its value:
   TF_CPU_ALLOCATOR_USE_BFC=true    CPU tensors come from TensorFlow's best-fit-with-coalescing allocator, which keeps
                                    the memory a step freed for the next step. Without it, oneDNN builds hand their
                                    large buffers back to the operating system after each use, so every step pays for
-                                   hundreds of thousands of page faults on fresh memory (see docs/performance.md).
+                                   hundreds of thousands of page faults on fresh memory (see
+                                   docs/log/performance-log.md).
 
 Importing this module also keeps TensorFlow from importing Keras (see KERAS_BLOCKED below).
 
@@ -118,7 +119,7 @@ def resolve_precision(hp):
 def session_config(hp):
     """Session settings: --threads intra-op threads (0: every core) and as many inter-op threads, so that the
     small independent ops of a step (layer norms, softmaxes, bias adds, Adam's updates) overlap instead of queueing
-    behind each other (docs/performance.md has the measurement)."""
+    behind each other (docs/log/performance-log.md has the measurement)."""
     import tensorflow as tf  # here: this module is imported before TensorFlow
     threads = hp.threads or usable_cores()
     return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)

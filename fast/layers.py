@@ -102,8 +102,8 @@ def dropout(inputs, rate, training):
 
     inputs: any shape. Returns the same shape: each entry zeroed with probability `rate` (rounded to a multiple
     of 2^-16), the others scaled by 1 / (1 - rate). The keep decisions are 16-bit random numbers, four per
-    64-bit random word, half the random bits of tf.nn.dropout's one float per entry (docs/performance.md has the
-    measurement). The words come from a stateless generator seeded from the graph's random stream, so
+    64-bit random word, half the random bits of tf.nn.dropout's one float per entry (docs/log/performance-log.md has
+    the measurement). The words come from a stateless generator seeded from the graph's random stream, so
     tf1.set_random_seed still makes runs repeatable.
     """
     if not training or rate == 0:

@@ -12,7 +12,8 @@ trained model and its --max_len_a/--max_len_b are used instead, and decoding sto
 length limit per batch: the longest of its sentences').
 
 Decoders: the reference path's greedy (model.Transformer in float32, its cache appended to by concatenation; left
-out with --no_reference), the model's cached greedy (--impl fast: FastTransformer's), cached beam 4, and, when the ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same
+out with --no_reference), the model's cached greedy (--impl fast: FastTransformer's), cached beam 4, and, when the
+ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same
 weights converted (ctranslate2_engine.py) and run with float32 and with int8 weights, on as many threads.
 
 The first --sentences source lines of the eval (dev) split are sorted by length and cut into batches of

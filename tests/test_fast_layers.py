@@ -18,8 +18,7 @@ def test_dropout_rate_scale_gradient_and_seed():
         ones = tf.ones([601, 333])  # 200,133 entries: not a multiple of the 4 draws per random word
         dropped = dropout(ones, 0.1, training=True)
         return dropped, tf.gradients(tf.reduce_sum(3.0 * dropped), ones)[0], dropout(tf.ones([7, 3]), 0.5, True)
-    (dropped, grad, small), (again, _, _), (other_seed, _, _) = run_graph(lambda: build(1)), run_graph(lambda: build(1)), \
-        run_graph(lambda: build(2))
+    (dropped, grad, small), (again, _, _), (other_seed, _, _) = (run_graph(lambda: build(seed)) for seed in (1, 1, 2))
     zero = dropped == 0
     assert abs(zero.mean() - 0.1) < 0.004  # 4 standard deviations of a binomial over 200,133 entries
     np.testing.assert_allclose(dropped[~zero], 1 / 0.9, rtol=1e-6)
@@ -29,11 +28,20 @@ def test_dropout_rate_scale_gradient_and_seed():
     assert run_graph(lambda: dropout(tf.ones([3]), 0.1, training=False)).tolist() == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("fused_kernels", [False, True])
-def test_attention_sublayer_drops_its_weights_and_its_output_at_their_own_rates(fused_kernels):
+def attention_sublayer(path, x, dropout_rate, training, attention_dropout):
+    """A self-attention sublayer of 2 heads on x by modules.py ("reference") or fast.layers ("fast", "fused")."""
+    if path == "reference":
+        return modules.multihead_attention(x, None, None, 2, dropout_rate, training,
+                                           attention_dropout=attention_dropout)[0]
+    return self_attention(x, None, 2, dropout_rate, training, fused_kernels=path == "fused",
+                          attention_dropout=attention_dropout)[0]
+
+
+@pytest.mark.parametrize("path", ["reference", "fast", "fused"])
+def test_attention_sublayer_drops_its_weights_and_its_output_at_their_own_rates(path):
     """dropout_rate acts on the sublayer's output and attention_dropout on the attention weights: with both 0 the
-    training output is the inference output, and either one alone changes it."""
-    if fused_kernels:
+    training output is the inference output, and either one alone changes it, on both paths."""
+    if path == "fused":
         try:
             kernels.load()
         except kernels.KernelsUnavailable as e:
@@ -43,8 +51,8 @@ def test_attention_sublayer_drops_its_weights_and_its_output_at_their_own_rates(
     def train_minus_inference(dropout_rate, attention_dropout):
         def build():
             tf1.set_random_seed(1)
-            outputs = [self_attention(tf.constant(x), None, 2, dropout_rate, training, fused_kernels=fused_kernels,
-                                      attention_dropout=attention_dropout)[0] for training in (True, False)]
+            outputs = [attention_sublayer(path, tf.constant(x), dropout_rate, training, attention_dropout)
+                       for training in (True, False)]
             return outputs[0] - outputs[1]
         return np.abs(run_graph(build)).max()
 
