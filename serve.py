@@ -184,6 +184,14 @@ def attention_entry(source, ids, weights, sp):
 
 
 # ---------------------------------------------------------------- the model's worker
+class ApiError(Exception):
+    """A request the server refuses: its HTTP status and the message of {"error": ...}."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
 class Job:
     """The model inputs of one request, whether it wants their attention, and the future of their results."""
 
@@ -195,13 +203,32 @@ class Job:
 class Batcher:
     """A worker thread that runs the model on the sentences of every request: it takes the first waiting job and
     those that arrive within `wait` seconds, up to batch_size sentences, and runs them together in batches sorted
-    by length (translators[False]; the jobs that want attention on translators[True])."""
+    by length (translators[False]; the jobs that want attention on translators[True]). At most queue_size requests
+    wait at once; each waits at most `timeout` seconds."""
 
-    def __init__(self, translators, batch_size, wait):
+    def __init__(self, translators, batch_size, wait, queue_size, timeout):
         self.translators, self.batch_size, self.wait = translators, batch_size, wait
+        self.queue_size, self.timeout = queue_size, timeout
+        self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
         self.jobs = queue.Queue()
         self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
         self.thread.start()
+
+    async def translate(self, sources, attention):
+        """The translator's results of sources, through the worker's queue (429 when it is full, 504 past
+        --timeout)."""
+        if not sources:
+            return []
+        if self.pending >= self.queue_size:
+            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again shortly" % self.pending)
+        self.pending += 1
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)), self.timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: send fewer "
+                                "sentences or try again later" % self.timeout) from None
+        finally:
+            self.pending -= 1
 
     def submit(self, sources, attention):
         """Queues one request's model inputs; returns the concurrent future of their translator results."""
@@ -218,7 +245,7 @@ class Batcher:
         stopping = False
         while not stopping:
             jobs, stopping = self.collect(self.jobs.get())
-            self.run([job for job in jobs if job.future.set_running_or_notify_cancel()])  # not those timed out
+            self.run_jobs([job for job in jobs if job.future.set_running_or_notify_cancel()])  # not those timed out
 
     def collect(self, job):
         """The jobs to run together, from job (None: stop) on; and whether stop was asked."""
@@ -234,7 +261,7 @@ class Batcher:
                 return jobs, False
         return jobs, True
 
-    def run(self, jobs):
+    def run_jobs(self, jobs):
         for attention, translator in self.translators.items():
             group = [job for job in jobs if job.attention == attention]
             if group:
@@ -256,14 +283,7 @@ class Batcher:
 
 
 # ---------------------------------------------------------------- the API
-class ApiError(Exception):
-    """A request the server refuses: its HTTP status and the message of {"error": ...}."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status = status
-
-
+# ---------------------------------------------------------------- the API
 class Service:
     """The model behind the server (its translators in a Batcher, sentencepiece, languages) and the limits."""
 
@@ -277,8 +297,8 @@ class Service:
         for attention in (False, True):  # one graph each: the plain one runs no attention pass
             with tf.Graph().as_default():
                 translators[attention] = translate.Translator(hp, ckpt, hp.beam_size, attention)
-        self.batcher = Batcher(translators, hp.test_batch_size, args.batch_wait_ms / 1000)
-        self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
+        self.batcher = Batcher(translators, hp.test_batch_size, args.batch_wait_ms / 1000, args.queue_size,
+                               args.timeout)
 
     def close(self):
         self.batcher.stop()
@@ -321,24 +341,6 @@ class Service:
             raise ApiError(400, "Invalid request: %d sentences to translate, more than this server's limit of %d "
                                 "(--max_sentences): send fewer per request" % (count, self.args.max_sentences))
         return parts, count
-
-    async def run(self, sources, attention):
-        """The translator's results of sources, through the batcher's queue (429 when it is full, 504 past
-        --timeout)."""
-        if not sources:
-            return []
-        if self.pending >= self.args.queue_size:
-            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again shortly" % self.pending)
-        self.pending += 1
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(self.batcher.submit(sources, attention)),
-                                          self.args.timeout)
-        except asyncio.TimeoutError:
-            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: send fewer "
-                                "sentences or try again later" % self.args.timeout) from None
-        finally:
-            self.pending -= 1
-
 
 def language_field(name, value):
     return "%s language %s" % (name, "(none given)" if value is None else repr(value))
@@ -392,8 +394,8 @@ async def translate_handler(request):
         raise ApiError(400, "Invalid request: attention needs q to be one string")
     documents = [Document(item, fmt) for item in items]
     parts, request["sentences"] = service.prepare(documents)
-    results = await service.run([source for document in parts for segment in document for source in segment],
-                                attention)
+    sources = [source for document in parts for segment in document for source in segment]
+    results = await service.batcher.translate(sources, attention)
     entries, maps = read_results(documents, parts, results, service.sp)
     return web.json_response(translation_body(fields, service, entries, alternatives, maps if attention else None))
 
