@@ -67,7 +67,9 @@ SERVE_MINIMA = (("port", 0), ("batch_wait_ms", 0), ("char_limit", 1), ("max_sent
 def build_parser():
     """hparams.py's parser with its decoding flags, and the flags of serve.py alone."""
     parser = Hparams(DECODING_FLAGS, "serve.py", "Serve a trained model over HTTP with LibreTranslate's API and a "
-                                                 "page to try it at / (see the top of serve.py).").parser
+                                                 "page to try it at / (see the top of serve.py and "
+                                                 "docs/serving.md). Its language codes are those prepro.py recorded "
+                                                 "in the data dir's manifest.json (--src_lang, --tgt_lang).").parser
     group = parser.add_argument_group("serve.py")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 listens on every interface")
@@ -283,7 +285,6 @@ class Batcher:
 
 
 # ---------------------------------------------------------------- the API
-# ---------------------------------------------------------------- the API
 class Service:
     """The model behind the server (its translators in a Batcher, sentencepiece, languages) and the limits."""
 
@@ -341,6 +342,7 @@ class Service:
             raise ApiError(400, "Invalid request: %d sentences to translate, more than this server's limit of %d "
                                 "(--max_sentences): send fewer per request" % (count, self.args.max_sentences))
         return parts, count
+
 
 def language_field(name, value):
     return "%s language %s" % (name, "(none given)" if value is None else repr(value))
@@ -408,7 +410,8 @@ def read_results(documents, parts, results, sp):
         segment_entries = []
         for sources in segments:
             part_results = [next(results) for _ in sources]
-            segment_entries.append(translate.nbest_texts(part_results, sp) if sources else [("", 0.0)])
+            # an empty line, like a line whose every entry beam search left unfilled, translates as ""
+            segment_entries.append((translate.nbest_texts(part_results, sp) if sources else []) or [("", 0.0)])
             maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
                      in zip(sources, part_results) if weights is not None]
         entries.append(document_entries(document, segment_entries))

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import runtime  # noqa: E402 (first of the project's modules: TensorFlow's environment defaults)
-from errors import UserError, run_cli  # noqa: E402
+from errors import OneLineParser, UserError, run_cli  # noqa: E402
 from textio import read_lines  # noqa: E402
 
 #: Multi30k's test sources, in the shared data beside the repository.
@@ -55,7 +55,8 @@ class Server:
         while not SERVING.search(self.stderr()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError("serve.py did not start:\n" + self.stderr())
+                lines = self.stderr().strip().splitlines() or ["no output"]
+                raise UserError("serve.py did not start: %s" % lines[-1].removeprefix("error: "))
             time.sleep(0.2)
         host, port = SERVING.search(self.stderr()).groups()
         self.host, self.port, self.url = host, int(port), "http://%s:%s/" % (host, port)
@@ -155,8 +156,8 @@ def translate_py_speed(decoding_flags, sentences):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(prog="bench_serve.py", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--input", default=DEFAULT_INPUT, help="UTF-8 sentences, one per line (empty lines skipped)")
     parser.add_argument("--seconds", type=float, default=10, help="how long each level of load lasts")
