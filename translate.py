@@ -92,11 +92,7 @@ def parse_args(argv):
     """Returns hp (hparams.json of --logdir, or the settings of an exported CTranslate2 --model, with the decoding
     flags of argv on top) and args (every flag, including those of translate.py alone)."""
     args, given = parse_flags(build_parser(), argv, intermixed=True)
-    if args.engine == "ctranslate2":
-        hp = ctranslate2_hparams(args, given)
-    else:
-        hp = load_trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
-        runtime.resolve_precision(hp)
+    hp = ctranslate2_hparams(args, given) if args.engine == "ctranslate2" else trained_hparams(args.logdir, given)
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     check_ranges(args, ("nbest",))
@@ -107,6 +103,13 @@ def parse_args(argv):
     if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
     return hp, args
+
+
+def trained_hparams(logdir, given):
+    """LOGDIR/hparams.json with the decoding flags of `given` (parse_flags' dict) on top, precision resolved."""
+    hp = load_trained_hparams(logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
+    runtime.resolve_precision(hp)
+    return hp
 
 
 def ctranslate2_hparams(args, given):

@@ -4,4 +4,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
+# tests/test_serve_page.py drives Debian's headless chromium: CI (CI=true, as root) installs it when missing
+if [ "${CI:-}" = "true" ] && [ "$(id -u)" = 0 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 exec "$PY" -m pytest -q tests "$@"

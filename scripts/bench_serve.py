@@ -1,0 +1,208 @@
+"""Load benchmark of serve.py: 1, 8 and 32 concurrent clients send one sentence per request for --seconds each,
+then translate.py's decoding translates the same sentences in batches, for comparison.
+
+    python scripts/bench_serve.py --logdir runs/multi30k [--input FILE] [--seconds 10] [--clients 1,8,32]
+        [--serve_flags "--batch_wait_ms 5"] [decoding flags of translate.py, e.g. --beam_size 4, for both]
+
+It starts serve.py itself (on a free 127.0.0.1 port) and stops it before translate.py's run, so that the two never
+share the CPU. Per level it prints requests/s, sentences/s, p50/p95 latency, failed requests (anything but an
+answer or a 429) and 429s; then the server's resident memory (RSS) after start-up and after the last level, and
+translate.py's sentences/s over the input (model loading excluded: translate.translate_all alone is timed). The
+last line is one JSON object with all of it and "ratio": the server's sentences/s at the most clients over
+translate.py's. Clients are threads on keep-alive connections, in this process: on a small machine they take CPU
+from the server too.
+"""
+import argparse
+import http.client
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import runtime  # noqa: E402 (first of the project's modules: TensorFlow's environment defaults)
+from errors import OneLineParser, UserError, run_cli  # noqa: E402
+from textio import read_lines  # noqa: E402
+
+#: Multi30k's test sources, in the shared data beside the repository.
+DEFAULT_INPUT = os.path.join(ROOT, "..", "shared", "data", "multi30k", "test.de")
+#: The line serve.py writes once it answers, with the address it listens on.
+SERVING = re.compile(r"serving .* on http://([^:]+):(\d+)")
+#: Sentences translate.py's decoding runs once, untimed, before it is timed (as the server's first level warms it).
+WARM_UP = 16
+
+
+class Server:
+    """serve.py in a subprocess on a free port of 127.0.0.1, its standard error in a file; started when entered,
+    stopped with SIGTERM when left. url: its address, once it answers."""
+
+    def __init__(self, flags, start_timeout=600):
+        self.flags, self.start_timeout = list(flags), start_timeout
+
+    def __enter__(self):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log")
+        self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "serve.py"), "--port", "0", *self.flags],
+                                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
+        deadline = time.monotonic() + self.start_timeout
+        while not SERVING.search(self.stderr()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                lines = self.stderr().strip().splitlines() or ["no output"]
+                raise UserError("serve.py did not start: %s" % lines[-1].removeprefix("error: "))
+            time.sleep(0.2)
+        host, port = SERVING.search(self.stderr()).groups()
+        self.host, self.port, self.url = host, int(port), "http://%s:%s/" % (host, port)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        self.log.close()
+
+    def stderr(self):
+        with open(self.log.name, encoding="utf-8") as log:
+            return log.read()
+
+    def stop(self):
+        """SIGTERM, then the exit code (None if it had to be killed after a minute)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+
+    def rss_mb(self):
+        """The server's resident memory, MB."""
+        with open("/proc/%d/status" % self.process.pid) as status:
+            kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        return kb / 1024
+
+
+def client(server, target, sentences, offset, step, deadline, out):
+    """Sends sentences[offset::step] (cycled) one per request until deadline; appends (status, ms) to out
+    (status 0 for a connection error)."""
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
+    k = offset
+    while time.monotonic() < deadline:
+        body = json.dumps({"q": sentences[k % len(sentences)], "source": "auto", "target": target})
+        k += step
+        start = time.monotonic()
+        try:
+            connection.request("POST", "/translate", body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            status = 0
+        out.append((status, 1000 * (time.monotonic() - start)))
+    connection.close()
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else None
+
+
+def load_level(server, target, sentences, clients, seconds):
+    """One level of load: `clients` threads for `seconds`. Returns its figures."""
+    results, start = [], time.monotonic()
+    threads = [threading.Thread(target=client, args=(server, target, sentences, k, clients, start + seconds, results))
+               for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - start
+    answered = [ms for status, ms in results if status == 200]
+    return {"clients": clients, "requests": len(results), "requests_per_s": round(len(results) / elapsed, 2),
+            "sentences_per_s": round(len(answered) / elapsed, 2),
+            "p50_ms": round(percentile(answered, 0.5), 1) if answered else None,
+            "p95_ms": round(percentile(answered, 0.95), 1) if answered else None,
+            "failed": sum(status not in (200, 429) for status, _ in results),
+            "rejected_429": sum(status == 429 for status, _ in results)}
+
+
+def translate_py_speed(decoding_flags, sentences):
+    """translate.py's sentences/s over sentences: its translate_all, timed without loading the model."""
+    import sentencepiece as spm
+    import tensorflow as tf
+    import translate
+    from datadir import bpe_model_path
+    from logdir import trained_model_files
+    tf.compat.v1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    hp, args = translate.parse_args(decoding_flags)
+    manifest, ckpt = trained_model_files(hp, hp.ckpt)
+    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
+    translator = translate.Translator(hp, ckpt, 1, False)
+    for lines in (sentences[:WARM_UP], sentences[:2 * WARM_UP]):  # the first runs of new shapes are slow
+        translate.translate_all(translator, lines, sp, hp.maxlen1 - 1, args, None, io.StringIO(), "line")
+    start = time.monotonic()
+    translate.translate_all(translator, sentences, sp, hp.maxlen1 - 1, args, None, io.StringIO(), "line")
+    elapsed = time.monotonic() - start
+    translator.close()
+    return {"sentences": len(sentences), "sentences_per_s": round(len(sentences) / elapsed, 2)}
+
+
+def build_parser():
+    parser = OneLineParser(prog="bench_serve.py", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
+    parser.add_argument("--input", default=DEFAULT_INPUT, help="UTF-8 sentences, one per line (empty lines skipped)")
+    parser.add_argument("--seconds", type=float, default=10, help="how long each level of load lasts")
+    parser.add_argument("--clients", default="1,8,32", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--serve_flags", default="", help="more flags for serve.py alone, e.g. '--batch_wait_ms 5'")
+    return parser
+
+
+def main(argv=None):
+    args, decoding = build_parser().parse_known_args(argv)
+    try:
+        sentences = [line for line in read_lines(args.input) if line.strip()]
+    except OSError as error:
+        raise UserError("cannot read --input %s: %s" % (args.input, error.strerror)) from None
+    if not sentences:
+        raise UserError("--input %s has no sentences" % args.input)
+    flags = ["--logdir", args.logdir, *decoding]
+    levels = [int(clients) for clients in args.clients.split(",")]
+    with Server(flags + args.serve_flags.split()) as server:
+        target = languages_target(server)
+        rss_start = server.rss_mb()
+        figures = []
+        for clients in levels:
+            figures.append(load_level(server, target, sentences, clients, args.seconds))
+            print("%(clients)d clients: %(requests_per_s).1f requests/s, %(sentences_per_s).1f sentences/s, p50 "
+                  "%(p50_ms)s ms, p95 %(p95_ms)s ms, %(failed)d failed, %(rejected_429)d 429s" % figures[-1],
+                  flush=True)
+        rss_end = server.rss_mb()
+    reference = translate_py_speed(flags + ["--input", args.input], sentences)
+    print("translate.py: %(sentences_per_s).1f sentences/s over %(sentences)d sentences" % reference, flush=True)
+    ratio = figures[-1]["sentences_per_s"] / reference["sentences_per_s"]
+    print(json.dumps({"machine": runtime.machine_summary(), "seconds": args.seconds, "levels": figures,
+                      "server_rss_mb": {"start": round(rss_start, 1), "end": round(rss_end, 1)},
+                      "translate_py": reference, "ratio": round(ratio, 3)}))
+    return 0
+
+
+def languages_target(server):
+    """The model's target language, as the server's /languages says."""
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    connection.request("GET", "/languages")
+    languages = json.loads(connection.getresponse().read())
+    connection.close()
+    return next(language["targets"][0] for language in languages if language["targets"])
+
+
+if __name__ == "__main__":
+    run_cli(main)

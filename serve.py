@@ -1,0 +1,525 @@
+"""An HTTP translation server for a model trained by this toolkit: LibreTranslate's API, and a page to try it at /.
+
+    python serve.py --logdir runs/multi30k --port 5000 [--host 127.0.0.1] [--beam_size 4 --ckpt PATH ...]
+    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+         -d '{"q": "Ein Mann schläft.", "source": "de", "target": "en"}'
+
+Endpoints (docs/serving.md has every field and error):
+    POST /translate  q (a string or a list of strings), source (the model's source language or "auto"), target,
+                     format ("text" or "html"), alternatives (how many n-best entries besides the best), api_key;
+                     beyond LibreTranslate: attention true (q one string) adds "nbest" [{text, score}] and
+                     "attention" [{source, target, weights}], the best translation's cross-attention of the last
+                     decoder block averaged over heads, (target pieces, source pieces), one per model input.
+    POST /detect     the model's source language, confidence 100
+    GET  /languages  the model's two languages
+    GET  /           the page: a text box, the translation, its n-best with scores and its attention heat map
+Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong api_key, 429 queue
+full, 504 past --timeout, 500 anything else.
+
+Text is translated line by line as translate.py translates a line (same cleaning, same splitting of over-long
+lines, same translations); with format html the text between tags is, each run separately, and the tags stay.
+Requests share one queue: a worker thread takes the sentences that arrive within --batch_wait_ms, up to
+--test_batch_size, and runs the model on them at once, sorted by length. SIGTERM or Ctrl-C stops accepting
+connections, answers the requests already in, and exits 0. One line per request goes to standard error.
+"""
+import os
+
+import runtime  # first: TensorFlow's environment defaults
+
+import asyncio
+import concurrent.futures
+import hmac
+import html
+import html.parser
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import sentencepiece as spm
+import tensorflow as tf
+from aiohttp import web
+
+import translate
+from data_load import run_in_length_batches
+from datadir import bpe_model_path
+from errors import UserError, run_cli
+from hparams import DECODING_FLAGS, Hparams, parse_flags
+from logdir import trained_model_files
+from textio import PAD_ID
+
+tf1 = tf.compat.v1
+
+#: The page served at /.
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page", "index.html")
+#: Names of the language codes /languages shows (ISO 639-1); another code is shown as its own name.
+LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
+                  "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+                  "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
+#: The serve.py flags that must be at least some value: (flag, lowest value).
+SERVE_MINIMA = (("port", 0), ("batch_wait_ms", 0), ("char_limit", 1), ("max_sentences", 1), ("queue_size", 1),
+                ("timeout", 0.001))
+
+
+# ---------------------------------------------------------------- flags
+def build_parser():
+    """hparams.py's parser with its decoding flags, and the flags of serve.py alone."""
+    parser = Hparams(DECODING_FLAGS, "serve.py", "Serve a trained model over HTTP with LibreTranslate's API and a "
+                                                 "page to try it at / (see the top of serve.py and "
+                                                 "docs/serving.md). Its language codes are those prepro.py recorded "
+                                                 "in the data dir's manifest.json (--src_lang, --tgt_lang).").parser
+    group = parser.add_argument_group("serve.py")
+    group.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on; 0.0.0.0 listens on every interface")
+    group.add_argument("--port", type=int, default=5000, help="TCP port to listen on (LibreTranslate's); 0 picks a "
+                                                              "free one, named in the 'serving on' line")
+    group.add_argument("--batch_wait_ms", type=float, default=5,
+                       help="how long the worker waits for more sentences to batch with the first waiting one; "
+                            "0 runs each request's sentences as soon as the model is free")
+    group.add_argument("--char_limit", type=int, default=5000,
+                       help="most characters of q in one request (all items of a list); more is a 400")
+    group.add_argument("--max_sentences", type=int, default=200,
+                       help="most sentences in one request (lines of q, text runs of html, and the parts a line "
+                            "longer than the model's --maxlen1 is split into); more is a 400")
+    group.add_argument("--queue_size", type=int, default=64,
+                       help="most requests waiting or being translated at once; one more is refused with 429")
+    group.add_argument("--timeout", type=float, default=60,
+                       help="seconds a request may wait for its translations; then it gets a 504 (and is dropped "
+                            "if the model has not started on it)")
+    group.add_argument("--api_key", default="",
+                       help="if given, /translate and /detect need this api_key field (403 without it); the page "
+                            "sends the one in its address, /?api_key=KEY")
+    return parser
+
+
+def parse_args(argv):
+    """Returns hp (LOGDIR/hparams.json with the decoding flags given on top) and every flag."""
+    args, given = parse_flags(build_parser(), argv)
+    for flag, lowest in SERVE_MINIMA:
+        if getattr(args, flag) < lowest:
+            raise UserError("--%s %s is out of range: it must be at least %s" % (flag, getattr(args, flag), lowest))
+    if args.port > 65535:
+        raise UserError("--port %d is out of range: it must be at most 65535" % args.port)
+    return translate.trained_hparams(args.logdir, given), args
+
+
+# ---------------------------------------------------------------- text in and out
+class Document:
+    """One q item: the segments to translate, and the text around them that stays (template: strings kept and
+    None for each segment's translation). Text: every line is a segment. HTML: see HtmlSegments."""
+
+    def __init__(self, q, fmt):
+        self.fmt = fmt
+        if fmt == "html":
+            parser = HtmlSegments()
+            parser.feed(q)
+            parser.close()
+            self.template, self.segments = parser.template, parser.segments
+        else:
+            self.segments = q.split("\n")
+            self.template = [None if k % 2 == 0 else "\n" for k in range(2 * len(self.segments) - 1)]
+
+    def render(self, translations):
+        """The document with its segments replaced by translations (one per segment, in order)."""
+        texts = iter(html.escape(text, quote=False) if self.fmt == "html" else text for text in translations)
+        return "".join(next(texts) if kept is None else kept for kept in self.template)
+
+
+class HtmlSegments(html.parser.HTMLParser):
+    """Splits HTML into its text runs between tags (segments, with entities decoded and surrounding whitespace left
+    out) and the rest, kept as written: tags with their attributes, comments, declarations, whitespace, and the
+    content of script and style."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.template, self.segments, self.raw = [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        self.template.append(self.get_starttag_text())
+        self.raw = tag in self.CDATA_CONTENT_ELEMENTS
+
+    def handle_startendtag(self, tag, attrs):
+        self.template.append(self.get_starttag_text())
+
+    def handle_endtag(self, tag):
+        self.template.append("</%s>" % tag)
+        self.raw = False
+
+    def handle_data(self, data):
+        text = data.strip()
+        if self.raw or not text:
+            self.template.append(data)
+            return
+        start = data.index(text)
+        self.template += [data[:start], None, data[start + len(text):]]
+        self.segments.append(text)
+
+    def handle_comment(self, data):
+        self.template.append("<!--%s-->" % data)
+
+    def handle_decl(self, decl):
+        self.template.append("<!%s>" % decl)
+
+    def handle_pi(self, data):
+        self.template.append("<?%s>" % data)
+
+    def unknown_decl(self, data):
+        self.template.append("<![%s]>" % data)
+
+
+def document_entries(document, segment_entries):
+    """The n-best of a document: [(text, score)], entry k with every segment's k-th best and the sum of their
+    scores, as far as every segment has a k-th. segment_entries: per segment, nbest_texts' entries."""
+    depth = min(len(entries) for entries in segment_entries) if segment_entries else 1
+    return [(document.render([entries[k][0] for entries in segment_entries]),
+             sum(entries[k][1] for entries in segment_entries)) for k in range(depth)]
+
+
+def attention_entry(source, ids, weights, sp):
+    """One model input's attention for the page: its source and target pieces (with </s>) and the (T2, T1)
+    weights averaged over heads."""
+    target = [int(i) for i in ids[0] if i != PAD_ID]
+    return {"source": [sp.id_to_piece(int(i)) for i in source], "target": [sp.id_to_piece(i) for i in target],
+            "weights": weights[:, :len(target), :len(source)].mean(0).astype(float).round(4).tolist()}
+
+
+# ---------------------------------------------------------------- the model's worker
+class ApiError(Exception):
+    """A request the server refuses: its HTTP status and the message of {"error": ...}."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class Job:
+    """The model inputs of one request, whether it wants their attention, and the future of their results."""
+
+    def __init__(self, sources, attention):
+        self.sources, self.attention = sources, attention
+        self.future = concurrent.futures.Future()
+
+
+class Batcher:
+    """A worker thread that runs the model on the sentences of every request: it takes the first waiting job and
+    those that arrive within `wait` seconds, up to batch_size sentences, and runs them together in batches sorted
+    by length (translators[False]; the jobs that want attention on translators[True]). At most queue_size requests
+    wait at once; each waits at most `timeout` seconds."""
+
+    def __init__(self, translators, batch_size, wait, queue_size, timeout):
+        self.translators, self.batch_size, self.wait = translators, batch_size, wait
+        self.queue_size, self.timeout = queue_size, timeout
+        self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
+        self.jobs = queue.Queue()
+        self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
+        self.thread.start()
+
+    async def translate(self, sources, attention):
+        """The translator's results of sources, through the worker's queue (429 when it is full, 504 past
+        --timeout)."""
+        if not sources:
+            return []
+        if self.pending >= self.queue_size:
+            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again shortly" % self.pending)
+        self.pending += 1
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)), self.timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: send fewer "
+                                "sentences or try again later" % self.timeout) from None
+        finally:
+            self.pending -= 1
+
+    def submit(self, sources, attention):
+        """Queues one request's model inputs; returns the concurrent future of their translator results."""
+        job = Job(sources, attention)
+        self.jobs.put(job)
+        return job.future
+
+    def stop(self):
+        """Ends the worker once the jobs queued before are done."""
+        self.jobs.put(None)
+        self.thread.join()
+
+    def work(self):
+        stopping = False
+        while not stopping:
+            jobs, stopping = self.collect(self.jobs.get())
+            self.run_jobs([job for job in jobs if job.future.set_running_or_notify_cancel()])  # not those timed out
+
+    def collect(self, job):
+        """The jobs to run together, from job (None: stop) on; and whether stop was asked."""
+        jobs, deadline = [], time.monotonic() + self.wait
+        while job is not None:
+            jobs.append(job)
+            remaining = deadline - time.monotonic()
+            if sum(len(job.sources) for job in jobs) >= self.batch_size or remaining <= 0:
+                return jobs, False
+            try:
+                job = self.jobs.get(timeout=remaining)
+            except queue.Empty:
+                return jobs, False
+        return jobs, True
+
+    def run_jobs(self, jobs):
+        for attention, translator in self.translators.items():
+            group = [job for job in jobs if job.attention == attention]
+            if group:
+                self.run_group(group, translator)
+
+    def run_group(self, jobs, translator):
+        """Runs the jobs' sources at once and hands each job its results (or the error)."""
+        try:
+            results = run_in_length_batches(translator.run, [source for job in jobs for source in job.sources],
+                                            translator.batch_size)
+        except Exception as error:  # noqa: BLE001 (each request answers 500 with it)
+            for job in jobs:
+                job.future.set_exception(error)
+            return
+        start = 0
+        for job in jobs:
+            job.future.set_result(results[start:start + len(job.sources)])
+            start += len(job.sources)
+
+
+# ---------------------------------------------------------------- the API
+class Service:
+    """The model behind the server (its translators in a Batcher, sentencepiece, languages) and the limits."""
+
+    def __init__(self, hp, args):
+        manifest, ckpt = trained_model_files(hp, hp.ckpt)
+        self.sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
+        # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
+        self.source_lang, self.target_lang = manifest.get("src_lang", "de"), manifest.get("tgt_lang", "en")
+        self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
+        translators = {}
+        for attention in (False, True):  # one graph each: the plain one runs no attention pass
+            with tf.Graph().as_default():
+                translators[attention] = translate.Translator(hp, ckpt, hp.beam_size, attention)
+        self.batcher = Batcher(translators, hp.test_batch_size, args.batch_wait_ms / 1000, args.queue_size,
+                               args.timeout)
+
+    def close(self):
+        self.batcher.stop()
+        for translator in self.batcher.translators.values():
+            translator.close()
+
+    def check_key(self, fields):
+        if self.args.api_key and not hmac.compare_digest(str(fields.get("api_key", "")), self.args.api_key):
+            raise ApiError(403, "Invalid API key: pass the api_key field this server was started with")
+
+    def items(self, fields):
+        """The q items of a request (a list of strings), checked against the limits."""
+        q = fields.get("q")
+        if not q:
+            raise ApiError(400, "Invalid request: missing q parameter (a string or a list of strings)")
+        items = [q] if isinstance(q, str) else q
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+        chars = sum(len(item) for item in items)
+        if chars > self.args.char_limit:
+            raise ApiError(400, "Invalid request: q has %d characters, more than this server's limit of %d "
+                                "(--char_limit): send less text per request" % (chars, self.args.char_limit))
+        return items
+
+    def check_languages(self, fields):
+        source, target = fields.get("source"), fields.get("target")
+        if source not in (self.source_lang, "auto"):
+            raise ApiError(400, "%s is not supported: this model translates from %s (or pass auto)"
+                                % (language_field("source", source), self.source_lang))
+        if target != self.target_lang:
+            raise ApiError(400, "%s is not supported: this model translates into %s"
+                                % (language_field("target", target), self.target_lang))
+
+    def prepare(self, documents):
+        """Per document, per segment, the model inputs (translate.prepare); at most --max_sentences in all."""
+        parts = [[translate.prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
+                 for document in documents]
+        count = sum(len(segment) for document in parts for segment in document)
+        if count > self.args.max_sentences:
+            raise ApiError(400, "Invalid request: %d sentences to translate, more than this server's limit of %d "
+                                "(--max_sentences): send fewer per request" % (count, self.args.max_sentences))
+        return parts, count
+
+
+def language_field(name, value):
+    return "%s language %s" % (name, "(none given)" if value is None else repr(value))
+
+
+def nonnegative_int(fields, name, most, why):
+    """A field given as a JSON integer or form digits, from 0 to most (0 when absent); a 400 otherwise."""
+    value = fields.get(name, 0)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ApiError(400, "Invalid request: %s must be a whole number, not %r" % (name, value))
+    if value > most:
+        raise ApiError(400, "Invalid request: %s %d is more than this server gives (%d: %s)" % (name, value, most,
+                                                                                              why))
+    return value
+
+
+def flag(fields, name):
+    """A boolean field: JSON true or the form value true / 1."""
+    value = fields.get(name, False)
+    return value is True or str(value).lower() in ("true", "1")
+
+
+async def read_fields(request):
+    """The request's fields: a JSON object or a form body, on top of the query string's."""
+    if request.content_type == "application/json":
+        try:
+            fields = await request.json()
+        except ValueError:
+            raise ApiError(400, "Invalid request: the body is not valid JSON") from None
+        if not isinstance(fields, dict):
+            raise ApiError(400, "Invalid request: the JSON body must be an object")
+    else:
+        fields = dict(await request.post())
+    return {**request.query, **fields}
+
+
+async def translate_handler(request):
+    service, fields = request.app["service"], await read_fields(request)
+    service.check_key(fields)
+    items = service.items(fields)
+    service.check_languages(fields)
+    fmt = fields.get("format", "text")
+    if fmt not in ("text", "html"):
+        raise ApiError(400, "Invalid request: format %r is not supported: pass text or html" % (fmt,))
+    alternatives = nonnegative_int(fields, "alternatives", service.beam_size - 1,
+                                   "one less than its --beam_size %d" % service.beam_size)
+    attention = flag(fields, "attention")
+    if attention and not isinstance(fields["q"], str):
+        raise ApiError(400, "Invalid request: attention needs q to be one string")
+    documents = [Document(item, fmt) for item in items]
+    parts, request["sentences"] = service.prepare(documents)
+    sources = [source for document in parts for segment in document for source in segment]
+    results = await service.batcher.translate(sources, attention)
+    entries, maps = read_results(documents, parts, results, service.sp)
+    return web.json_response(translation_body(fields, service, entries, alternatives, maps if attention else None))
+
+
+def read_results(documents, parts, results, sp):
+    """The translator's results (one per model input, in order) as per document its n-best entries [(text,
+    score)], and the attention entries of every model input (when results have attention)."""
+    results, entries, maps = iter(results), [], []
+    for document, segments in zip(documents, parts):
+        segment_entries = []
+        for sources in segments:
+            part_results = [next(results) for _ in sources]
+            # an empty line, like a line whose every entry beam search left unfilled, translates as ""
+            segment_entries.append((translate.nbest_texts(part_results, sp) if sources else []) or [("", 0.0)])
+            maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
+                     in zip(sources, part_results) if weights is not None]
+        entries.append(document_entries(document, segment_entries))
+    return entries, maps
+
+
+def translation_body(fields, service, entries, alternatives, maps):
+    """The answer of /translate: per q item its n-best entries [(text, score)], best first, shaped as q was."""
+    one = isinstance(fields["q"], str)
+    shape = (lambda values: values[0]) if one else (lambda values: values)
+    body = {"translatedText": shape([document[0][0] for document in entries])}
+    if alternatives:
+        body["alternatives"] = shape([[text for text, _ in document[1:1 + alternatives]] for document in entries])
+    if fields.get("source") == "auto":
+        body["detectedLanguage"] = shape([detected(service)] * len(entries))
+    if maps is not None:
+        body["nbest"] = [{"text": text, "score": round(score, 4)} for text, score in entries[0]]
+        body["attention"] = maps
+    return body
+
+
+def detected(service):
+    return {"confidence": 100, "language": service.source_lang}
+
+
+async def detect_handler(request):
+    service, fields = request.app["service"], await read_fields(request)
+    service.check_key(fields)
+    service.items(fields)
+    return web.json_response([detected(service)])
+
+
+async def languages_handler(request):
+    service = request.app["service"]
+    return web.json_response([
+        {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
+        for code, targets in ((service.source_lang, [service.target_lang]), (service.target_lang, []))])
+
+
+async def page_handler(request):
+    return web.FileResponse(PAGE, headers={"Cache-Control": "no-cache"})
+
+
+@web.middleware
+async def log_and_errors(request, handler):
+    """Answers errors as {"error": ...} and writes one line per request to standard error: method, path, status,
+    sentences translated, milliseconds."""
+    start, request["sentences"] = time.monotonic(), 0
+    try:
+        response = await handler(request)
+    except ApiError as error:
+        response = web.json_response({"error": str(error)}, status=error.status)
+    except web.HTTPException as error:  # aiohttp's own: 404, 405, 413
+        response = web.json_response({"error": error.text or error.reason}, status=error.status)
+    except Exception as error:  # noqa: BLE001 (a bug or a failed model run: a 500, the server goes on)
+        traceback.print_exc()
+        response = web.json_response({"error": "internal error: %s" % error}, status=500)
+    print("%s %s %d %d sentences %.0f ms" % (request.method, request.path, response.status, request["sentences"],
+                                             1000 * (time.monotonic() - start)), file=sys.stderr, flush=True)
+    return response
+
+
+def build_app(service):
+    # a body may hold --char_limit characters, each up to 6 bytes as a JSON escape, and the other fields
+    app = web.Application(middlewares=[log_and_errors], client_max_size=6 * service.args.char_limit + 65536)
+    app["service"] = service
+    app.router.add_post("/translate", translate_handler)
+    app.router.add_post("/detect", detect_handler)
+    app.router.add_route("GET", "/languages", languages_handler)
+    app.router.add_get("/", page_handler)
+    return app
+
+
+async def serve(service, args):
+    """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already in, and returns."""
+    runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+    except OSError as error:
+        await runner.cleanup()
+        raise UserError("cannot listen on %s port %d (%s): pass another --port or --host"
+                        % (args.host, args.port, error.strerror)) from None
+    stop, loop = asyncio.Event(), asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    host, port = runner.addresses[0][:2]
+    print("serve.py: serving %s -> %s on http://%s:%d" % (service.source_lang, service.target_lang, host, port),
+          file=sys.stderr, flush=True)
+    await stop.wait()
+    print("serve.py: stopping: answering the requests already in", file=sys.stderr, flush=True)
+    await runner.cleanup()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(signum)
+
+
+def main(argv=None):
+    tf1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    hp, args = parse_args(argv)
+    service = Service(hp, args)
+    try:
+        asyncio.run(serve(service, args))
+    finally:
+        service.close()
+    print("serve.py: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

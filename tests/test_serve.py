@@ -1,0 +1,265 @@
+"""serve.py: LibreTranslate's API driven by a LibreTranslate client (libretranslatepy) and plain JSON posts against
+a real server process on the session's tiny model; its translations are translate.py's. Also the html splitting
+and the batching worker alone, the queue limit (429), SIGTERM finishing the work in flight, flag errors, and
+scripts/bench_serve.py's report."""
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import sentencepiece as spm
+from libretranslatepy import LibreTranslateAPI
+
+import serve
+import translate
+from in_process import run_in_process
+from model_fixtures import TINY_MODEL_MAXLEN1
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import bench_serve  # noqa: E402
+
+KEY = "secret key"
+SENTENCE = "Heute ist der zweite Oktober zweitausendeinundvierzig."
+#: Over the tiny model's 19 pieces: translated in parts, as translate.py does.
+LONG = "Heute ist der erste Mai. Die Zahl ist sechshundertneunundneunzig. Er zählt bis elf."
+SENTENCES = [SENTENCE, "Die Zahl ist sechshundertneunundneunzig.", "", LONG, "der neunte September"]
+CHAR_LIMIT, MAX_SENTENCES = 300, 12
+FLAGS = ["--beam_size", "4"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    logdir, data_dir = tiny_model
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, "--api_key", KEY, "--char_limit",
+                             str(CHAR_LIMIT), "--max_sentences", str(MAX_SENTENCES)]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return LibreTranslateAPI(server.url, api_key=KEY)
+
+
+def post(server, path, fields, key=KEY):
+    """(status, answer) of a JSON post."""
+    body = json.dumps({**fields, **({"api_key": key} if key else {})}).encode()
+    request = urllib.request.Request(server.url + path, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def translate_py(directory, logdir, data_dir, sentences, *flags):
+    """translate.py's output lines for sentences (through --output, in directory)."""
+    output = os.path.join(directory, "translations.txt")
+    assert translate.main(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, *flags, "--output", output,
+                           *sentences]) == 0
+    with open(output, encoding="utf-8") as lines:
+        return lines.read().splitlines()
+
+
+@pytest.fixture(scope="module")
+def nbest(tiny_model, tmp_path_factory):
+    """translate.py --nbest 4 of SENTENCE alone: [(text, score)], best first."""
+    lines = translate_py(tmp_path_factory.mktemp("nbest"), *tiny_model, [SENTENCE], "--nbest", "4")
+    return [(text, float(score)) for _, text, score in (line.split(" ||| ") for line in lines)]
+
+
+# ---------------------------------------------------------------- the API against translate.py
+def test_a_string_is_translated_as_translate_py_does(client, nbest):
+    assert client.translate(SENTENCE, "de", "en") == nbest[0][0]
+
+
+def test_a_list_is_translated_in_order_as_translate_py_does(server, tiny_model, tmp_path):
+    status, answer = post(server, "translate", {"q": SENTENCES, "source": "de", "target": "en"})
+    assert status == 200
+    assert answer["translatedText"] == translate_py(tmp_path, *tiny_model, SENTENCES)
+    assert answer["translatedText"][2] == ""
+
+
+def test_alternatives_and_the_page_s_nbest_are_translate_py_s(server, nbest):
+    status, answer = post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en", "alternatives": 2})
+    assert status == 200
+    assert (answer["translatedText"], answer["alternatives"]) == (nbest[0][0], [text for text, _ in nbest[1:3]])
+    status, answer = post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en", "attention": True})
+    assert [entry["text"] for entry in answer["nbest"]] == [text for text, _ in nbest]
+    assert [entry["score"] for entry in answer["nbest"]] == pytest.approx([score for _, score in nbest], abs=1e-3)
+
+
+def test_attention_has_a_row_per_target_piece_summing_to_one(server, tiny_model):
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(tiny_model[1], "bpe.model"))
+    parts, _ = translate.prepare(LONG, sp, TINY_MODEL_MAXLEN1 - 1)
+    status, answer = post(server, "translate", {"q": LONG, "source": "de", "target": "en", "attention": True})
+    assert status == 200 and len(parts) > 1
+    assert [entry["source"] for entry in answer["attention"]] == [
+        [sp.id_to_piece(i) for i in source] for source in parts]
+    for entry in answer["attention"]:
+        assert entry["source"][-1] == entry["target"][-1] == "</s>"
+        assert len(entry["weights"]) == len(entry["target"])
+        for row in entry["weights"]:
+            assert len(row) == len(entry["source"]) and sum(row) == pytest.approx(1, abs=1e-2)
+
+
+def test_html_keeps_tags_and_translates_each_text_run(server):
+    first, second = SENTENCES[:2]
+    status, texts = post(server, "translate", {"q": [first, second], "source": "de", "target": "en"})
+    status, answer = post(server, "translate", {
+        "q": '<p title="Zahl &amp; Datum">%s <b>%s</b></p>\n<br/><!-- kept -->' % (first, second),
+        "source": "de", "target": "en", "format": "html"})
+    assert status == 200
+    assert answer["translatedText"] == '<p title="Zahl &amp; Datum">%s <b>%s</b></p>\n<br/><!-- kept -->' % tuple(
+        texts["translatedText"])
+
+
+def test_source_auto_answers_the_detected_language(server, client):
+    status, answer = post(server, "translate", {"q": SENTENCE, "source": "auto", "target": "en"})
+    assert answer["detectedLanguage"] == {"confidence": 100, "language": "de"}
+    status, answer = post(server, "translate", {"q": [SENTENCE, SENTENCE], "source": "auto", "target": "en"})
+    assert answer["detectedLanguage"] == [{"confidence": 100, "language": "de"}] * 2
+    assert client.detect(SENTENCE) == [{"confidence": 100, "language": "de"}]
+    assert client.languages() == [{"code": "de", "name": "German", "targets": ["en"]},
+                                  {"code": "en", "name": "English", "targets": []}]
+
+
+@pytest.mark.parametrize("fields, status, message", [
+    ({"q": SENTENCE, "source": "fr", "target": "en"}, 400, "source language 'fr' is not supported"),
+    ({"q": SENTENCE, "source": "de", "target": "es"}, 400, "target language 'es' is not supported"),
+    ({"q": "", "source": "de", "target": "en"}, 400, "missing q"),
+    ({"q": [SENTENCE, 3], "source": "de", "target": "en"}, 400, "q must be a string or a list of strings"),
+    ({"q": "x" * (CHAR_LIMIT + 1), "source": "de", "target": "en"}, 400, "--char_limit"),
+    ({"q": ["eins"] * (MAX_SENTENCES + 1), "source": "de", "target": "en"}, 400, "--max_sentences"),
+    ({"q": SENTENCE, "source": "de", "target": "en", "format": "pdf"}, 400, "format 'pdf'"),
+    ({"q": SENTENCE, "source": "de", "target": "en", "alternatives": 4}, 400, "--beam_size 4"),
+    ({"q": [SENTENCE], "source": "de", "target": "en", "attention": True}, 400, "q to be one string"),
+])
+def test_bad_requests_are_refused_with_the_reason(server, fields, status, message):
+    answer_status, answer = post(server, "translate", fields)
+    assert answer_status == status and message in answer["error"]
+
+
+def test_a_wrong_api_key_is_403_and_the_client_sees_400_for_a_wrong_language(server, client):
+    assert post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"}, key="")[0] == 403
+    assert post(server, "detect", {"q": SENTENCE}, key="wrong")[0] == 403
+    with pytest.raises(urllib.error.HTTPError) as error:
+        client.translate(SENTENCE, "en", "de")
+    assert error.value.code == 400
+
+
+def test_one_log_line_per_request(server):
+    post(server, "translate", {"q": [SENTENCE, LONG], "source": "de", "target": "en"})
+    assert server.stderr().splitlines()[-1].startswith("POST /translate 200 3 sentences ")  # LONG is 2
+
+
+# ---------------------------------------------------------------- queue, shutdown, flags
+def test_a_full_queue_is_429_and_sigterm_answers_the_request_in_flight(tiny_model, nbest):
+    logdir, data_dir = tiny_model
+    # the worker waits 3 s for more sentences: the first request stays in the queue that long
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, "--queue_size", "1",
+                             "--batch_wait_ms", "3000"]) as running:
+        answers = []
+
+        def ask():
+            answers.append(post(running, "translate", {"q": SENTENCE, "source": "de", "target": "en"}, key=""))
+
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(status for status, _ in answers) == [200] + [429] * 5
+        assert {"translatedText": nbest[0][0]} in [answer for _, answer in answers]
+        assert "--queue_size" in [answer for status, answer in answers if status == 429][0]["error"]
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        time.sleep(1.5)  # in the worker's 3 s wait
+        assert running.stop() == 0
+        thread.join()
+        assert answers[-1] == (200, {"translatedText": nbest[0][0]})
+        assert "stopped" in running.stderr()
+
+
+def test_help_explains_every_flag_and_a_bad_logdir_is_one_line(tmp_path, capsys):
+    code, out, _ = run_in_process(capsys, "serve.py", serve.main, "--help")
+    assert code == 0
+    for action in serve.build_parser()._actions:
+        assert action.help, action.dest
+    for flag in ("--port", "--batch_wait_ms", "--char_limit", "--max_sentences", "--queue_size", "--timeout",
+                 "--api_key", "--beam_size", "--ckpt"):
+        assert flag in out
+    code, _, err = run_in_process(capsys, "serve.py", serve.main, "--logdir", tmp_path / "none")
+    assert code == 2 and err.count("\n") == 1 and "hparams.json not found" in err
+    code, _, err = run_in_process(capsys, "serve.py", serve.main, "--logdir", tmp_path, "--queue_size", "0")
+    assert code == 2 and "--queue_size 0 is out of range" in err
+
+
+# ---------------------------------------------------------------- pieces alone
+def test_html_runs_are_split_with_entities_decoded_and_rendered_escaped():
+    document = serve.Document('<p a="1&amp;2"> x &amp; y<br>z </p><script>if (a < b) go();</script>', "html")
+    assert document.segments == ["x & y", "z"]
+    assert document.render(["a < b", "c"]) == '<p a="1&amp;2"> a &lt; b<br>c </p><script>if (a < b) go();</script>'
+    document = serve.Document("eins\n\nzwei", "text")
+    assert document.segments == ["eins", "", "zwei"] and document.render(["one", "", "two"]) == "one\n\ntwo"
+
+
+class FakeTranslator:
+    """Records the batches it runs, each taking `delay` seconds; the result of a source is its length."""
+    batch_size = 8
+
+    def __init__(self, delay=0.0):
+        self.batches, self.delay = [], delay
+
+    def run(self, sources):
+        time.sleep(self.delay)
+        self.batches.append([len(source) for source in sources])
+        return [len(source) for source in sources]
+
+
+def test_the_batcher_runs_jobs_arriving_together_at_once_sorted_and_answers_each_its_own():
+    plain, with_attention = FakeTranslator(), FakeTranslator()
+    batcher = serve.Batcher({False: plain, True: with_attention}, batch_size=8, wait=1.0, queue_size=4, timeout=9)
+    futures = [batcher.submit([[1] * 3, [1] * 1], False), batcher.submit([[1] * 2], True),
+               batcher.submit([[1] * 5, [1] * 4], False)]
+    assert [future.result(10) for future in futures] == [[3, 1], [2], [5, 4]]
+    batcher.stop()
+    assert plain.batches == [[1, 3, 4, 5]] and with_attention.batches == [[2]]
+
+
+def test_the_batcher_refuses_past_its_queue_and_drops_a_request_past_its_timeout():
+    slow = FakeTranslator(delay=1.0)
+    batcher = serve.Batcher({False: slow, True: slow}, batch_size=8, wait=0, queue_size=2, timeout=0.3)
+
+    async def three_requests():
+        return await asyncio.gather(*(batcher.translate([[1] * length], False) for length in (1, 2, 3)),
+                                    return_exceptions=True)
+
+    first, second, third = asyncio.run(three_requests())
+    assert (first.status, second.status, third.status) == (504, 504, 429)
+    assert "--timeout of 0.3 s" in str(first) and "--queue_size" in str(third)
+    batcher.stop()
+    assert slow.batches == [[1]]  # the second timed out before the model was free: never run
+# ---------------------------------------------------------------- the benchmark
+def test_bench_serve_reports_every_level_and_translate_py(tiny_model, capsys):
+    logdir, data_dir = tiny_model
+    code, out, _ = run_in_process(capsys, "bench_serve.py", bench_serve.main, "--logdir", logdir, "--data_dir",
+                                  data_dir, "--input", os.path.join(data_dir, "test.1"), "--seconds", "0.7",
+                                  "--clients", "1,4")
+    assert code == 0
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [level["clients"] for level in report["levels"]] == [1, 4]
+    for level in report["levels"]:
+        assert level["requests"] > 0 and level["failed"] == level["rejected_429"] == 0
+        assert level["p50_ms"] <= level["p95_ms"]
+        assert level["sentences_per_s"] == pytest.approx(level["requests_per_s"], rel=1e-2)
+    assert 0 < report["server_rss_mb"]["start"] <= report["server_rss_mb"]["end"] * 2
+    assert report["translate_py"]["sentences"] == 50
+    assert report["ratio"] == pytest.approx(report["levels"][-1]["sentences_per_s"]
+                                            / report["translate_py"]["sentences_per_s"], rel=1e-2)
