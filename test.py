@@ -44,6 +44,7 @@ def parse_args(argv):
                        help="the reference translation of each --src file, line by line")
     args, given = parse_flags(parser, argv)
     hp = load_trained_hparams(args.logdir, given)
+    hp.src, hp.ref = args.src, args.ref
     runtime.resolve_precision(hp)
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
     check_writable_dir(hp.testdir, "testdir")  # before the decode, which a bad --testdir would waste
