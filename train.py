@@ -244,9 +244,10 @@ def build_graph(hp, manifest, cluster):
 
 def restore_or_init(sess, g, logdir, init_from=""):
     """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir has none,
-    initializes the variables, the weights from --init_from's checkpoint if given (returns None). Averaged
-    checkpoints (avg_*, see avg_checkpoints.py) are passed over: training goes on from where it stopped, and the
-    Saver never rotates them away. A newest checkpoint that is missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint."""
+    initializes the variables (returns None). Averaged checkpoints (avg_*, see avg_checkpoints.py) are passed over:
+    training goes on from where it stopped, and the Saver never rotates them away. A newest checkpoint that is
+    missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint.
+    Initialized, the weights come from the checkpoint of init_from (--init_from) if given."""
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
@@ -421,6 +422,7 @@ def train(hp, manifest, cluster):
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)
+        read_best(hp.logdir)  # a damaged best.json is refused now, not at the first dev evaluation
     runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
         last_ckpt = restore_or_init(sess, g, hp.logdir, hp.init_from)

@@ -10,6 +10,7 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
+import export
 import prepro
 import test as test_cli
 import train
@@ -23,6 +24,8 @@ tf1 = tf.compat.v1
 #: The shape of conftest.py's tiny_model, and what a run of a few steps on its corpus needs.
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2"]
 SHORT_RUN = ["--batch_size", "1500", "--test_batch_size", "100", "--precision", "fp32", "--kernels", "tf"]
+#: What --help says of --ckpt best.
+BEST_HELP = "best: the best by dev BLEU (LOGDIR/best.json)"
 
 
 def numbers(data_dir, *flags):
@@ -208,10 +211,12 @@ def test_config_flags_come_from_a_file_under_the_command_line(tmp_path, capsys):
 
 
 def test_new_flags_are_explained_in_help(capsys):
-    for name, main, flags in (("prepro.py", prepro.main, ["--bpe_model"]),
-                              ("translate.py", translate.main, ["--score"]),
-                              ("test.py", test_cli.main, ["--src", "--ref", "--ckpt"]),
-                              ("train.py", train.main, ["--init_from", "--patience", "--config"])):
+    for name, main, explained in (("prepro.py", prepro.main, ["--bpe_model PATH segment with"]),
+                                  ("translate.py", translate.main, ["--score REF with --input SRC", BEST_HELP]),
+                                  ("test.py", test_cli.main, ["--src FILE [FILE ...] score", BEST_HELP]),
+                                  ("export.py", export.main, [BEST_HELP]),
+                                  ("train.py", train.main, ["--init_from LOGDIR_OR_CHECKPOINT start a new logdir",
+                                                            "--patience PATIENCE stop after", "--config FILE take"])):
         code, help_text, _ = run_in_process(capsys, name, main, "--help")
-        assert code == 0 and all(flag in help_text for flag in flags), name
-    assert "best: the best by dev BLEU" in help_text
+        help_text = " ".join(help_text.split())  # as wrapped for any terminal width
+        assert code == 0 and all(text in help_text for text in explained), (name, help_text)
