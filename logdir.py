@@ -5,6 +5,8 @@
     train.lock           held by the process that writes the logdir
     checkpoint           TensorFlow's index of the checkpoints, the latest last
     NAME-STEP.*          a checkpoint of train.py; avg_*-STEP.* one of avg_checkpoints.py
+    best-STEP.*, best.json  the best checkpoint by dev BLEU, kept out of the rotation, and its step, BLEU and
+                         the dev evaluations without gain since (--patience)
     events.out.tfevents.*  the summaries TensorBoard reads
 
 train.py writes a logdir (avg_checkpoints.py adds to it); test.py, translate.py and export.py read it and take no

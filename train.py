@@ -105,6 +105,9 @@ def init_source(path):
     """(hyperparameters, checkpoint) of --init_from PATH: a logdir and its latest checkpoint, or a checkpoint (best:
     the best by dev BLEU) and the logdir it is in."""
     logdir = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    if not os.path.exists(os.path.join(logdir, HPARAMS_NAME)):
+        raise UserError("--init_from %s is neither a logdir written by train.py nor a checkpoint in one (no %s in %s)"
+                        % (path, HPARAMS_NAME, logdir))
     source = load_trained_hparams(logdir, {})
     ckpt = find_checkpoint(logdir, "" if os.path.isdir(path) else path)
     check_trained(ckpt, logdir)
