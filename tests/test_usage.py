@@ -4,6 +4,7 @@ decoding scores (translate.py --score), scoring file pairs (test.py --src/--ref)
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -91,6 +92,20 @@ def test_a_model_continues_on_a_new_corpus_with_its_vocabulary(tiny_model, tmp_p
                                   new_data, "--init_from", source_logdir, "--d_ff", "128")
     assert "holds a model with --d_ff 64 but this run asks for 128" in error_line(code, err)
     assert not os.path.exists(tmp_path / "refused")
+
+
+def test_weights_of_another_shape_are_refused_naming_the_variable(tiny_model, tmp_path, capsys):
+    """A source whose hparams.json (edited) no longer describes its checkpoint: the variables' shapes differ."""
+    logdir, data_dir = tiny_model
+    source = shutil.copytree(logdir, tmp_path / "source")
+    hparams = json.loads((source / "hparams.json").read_text())
+    (source / "hparams.json").write_text(json.dumps({**hparams, "d_ff": 128}))
+    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", tmp_path / "run", "--data_dir",
+                                  data_dir, "--init_from", source, *SHORT_RUN)
+    assert error_line(code, err) == ("error: --init_from %s (%s) does not fit the model of this run: encoder/"
+                                     "num_blocks_0/positionwise_feedforward/inner/kernel is [32, 64] in the "
+                                     "checkpoint but [32, 128] in the model"
+                                     % (source, tf.train.latest_checkpoint(str(source))))
 
 
 # ------------------------------------------------------------------------------------------------
