@@ -18,7 +18,8 @@ import train
 import translate
 from data_load import Sources, Targets
 from in_process import run_in_process
-from logdir import load_trained_hparams, save_hparams
+from errors import UserError
+from logdir import find_checkpoint, load_trained_hparams, save_hparams
 from model import BOS_ID, EOS_ID, ModelConfig, Transformer
 
 tf1 = tf.compat.v1
@@ -136,6 +137,17 @@ def test_patience_stops_early_and_test_takes_the_best_checkpoint(tmp_path, capsy
 
     assert train.main(["--logdir", logdir]) == 0  # resumed: the evaluation without gain still counts
     assert "nothing to do: %s stopped early, --patience 1" % logdir in capsys.readouterr().out
+
+
+def test_best_is_resolved_in_one_place_for_every_tool(tiny_model, tmp_path):
+    logdir, _ = tiny_model  # trained with one dev evaluation, at its end
+    best = json.load(open(os.path.join(logdir, "best.json")))
+    assert best["checkpoint"] == "best-60" and best["evals_without_gain"] == 0
+    assert find_checkpoint(logdir, "best") == find_checkpoint(str(tmp_path), os.path.join(logdir, "best")) \
+        == os.path.join(logdir, "best-60")
+    with pytest.raises(UserError, match="--ckpt best: %s has no best.json yet: train.py writes it at the first dev "
+                                        "evaluation" % tmp_path):
+        find_checkpoint(str(tmp_path), "best")
 
 
 # ------------------------------------------------------------------------------------------------
