@@ -22,7 +22,7 @@ from datadir import (BPE_MODEL, BPE_VOCAB, build_manifest, check_data_dir, is_up
                      split_files, staging_dir)
 from errors import UserError
 from idsfile import IdsWriter, ids_dtype
-from textio import SPECIAL_PIECES, UNK_ID, atomic_write, clean_line, iter_lines, line_writer, write_lines
+from textio import SPECIAL_PIECES, UNK_ID, atomic_write, clean_line, iter_lines, line_writer, sha256_bytes, write_lines
 
 #: BPE is trained on a random sample of this many sentences (both sides) of train when it has more.
 BPE_SAMPLE_SENTENCES = 2_000_000
@@ -92,6 +92,34 @@ def train_bpe(sentences, vocab_size, sample_size=0):
     return model.getvalue()
 
 
+@dataclasses.dataclass(frozen=True)
+class BpeModel:
+    """A sentencepiece model to segment with instead of training one (prepro.py --bpe_model): its bytes, its
+    number of pieces, the sha256 of its bytes and where it was read from."""
+    proto: bytes
+    size: int
+    sha256: str
+    path: str
+
+
+def read_bpe_model(path):
+    """The sentencepiece model at path as a BpeModel; a UserError when it is missing, unreadable, or has other
+    special pieces than prepro.py gives its models (textio.SPECIAL_PIECES)."""
+    try:
+        with open(path, "rb") as f:
+            proto = f.read()
+        processor = spm.SentencePieceProcessor(model_proto=proto)
+    except OSError as error:
+        raise UserError(f"cannot read --bpe_model {path}: {error.strerror}; pass the bpe.model of a data dir") from None
+    except RuntimeError:
+        raise UserError(f"--bpe_model {path} is not a sentencepiece model: pass the bpe.model of a data dir") from None
+    if any(processor.id_to_piece(i) != piece for piece, i in SPECIAL_PIECES.items()):
+        raise UserError(f"--bpe_model {path} does not have the special pieces of prepro.py's models (ids "
+                        f"{', '.join(f'{i} {piece}' for piece, i in SPECIAL_PIECES.items())}): pass the bpe.model of "
+                        "a data dir")
+    return BpeModel(proto, processor.get_piece_size(), sha256_bytes(proto), str(path))
+
+
 def vocab_file_lines(processor):
     """The lines of a sentencepiece .vocab file: "piece<TAB>score" for ids 0, 1, 2, ..."""
     return [f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}" for i in range(processor.get_piece_size())]
@@ -147,14 +175,15 @@ def describe_inputs(splits, sources):
 
 
 def build_data_dir(data_dir, splits, options, sources=None, downloads=None, force=False, chunk_lines=CHUNK_LINES,
-                   sample_sentences=BPE_SAMPLE_SENTENCES):
+                   sample_sentences=BPE_SAMPLE_SENTENCES, bpe_model=None):
     """Write a complete data directory from a corpus and return its manifest.
 
     ``splits`` maps train/eval/test to (source_lines, target_lines) of raw text, each re-iterable (a list or
     corpora.LinesOf: they are streamed, never held); ``options`` must hold dataset, vocab_size, dedup,
     filter_ratio, max_ratio, src_lang and tgt_lang plus any other option that shaped the input; ``sources``
     names where each side came from (keys train1 ... test2). chunk_lines: lines encoded at a time;
-    sample_sentences: see BPE_SAMPLE_SENTENCES. Does nothing if ``data_dir`` already holds the same build.
+    sample_sentences: see BPE_SAMPLE_SENTENCES; bpe_model: a BpeModel to segment with instead of training one.
+    Does nothing if ``data_dir`` already holds the same build.
     """
     data_dir = Path(data_dir)
     check_data_dir(data_dir)
@@ -172,7 +201,7 @@ def build_data_dir(data_dir, splits, options, sources=None, downloads=None, forc
         cleaned = {split: clean_split(staging, split, *splits[split], options["dedup"]) for split in SPLITS}
         check_cleaned(cleaned, sources)
         processor, bpe_training = write_bpe_model(staging, cleaned["train"], options["vocab_size"],
-                                                  sample_sentences)
+                                                  sample_sentences, bpe_model)
         split_reports = {}
         for split in SPLITS:
             split_reports[split] = write_split(staging, split, cleaned[split], processor, options, chunk_lines)
@@ -252,19 +281,26 @@ def clean_split(staging, split, lines1, lines2, dedup):
     return CleanSplit(clean1, clean2, lines, empty, len(hashes) - int(first.sum()), identical, keep)
 
 
-def write_bpe_model(data_dir, train, vocab_size, sample_sentences):
+def write_bpe_model(data_dir, train, vocab_size, sample_sentences, bpe_model=None):
     """Train the joint BPE model on both sides of the kept pairs of ``train`` (a CleanSplit), on a sample of
-    sample_sentences sentences if there are more, and write bpe.model / bpe.vocab.
-    Returns the processor and the manifest's "bpe_training": {"sentences": of train, "sample": or None}."""
+    sample_sentences sentences if there are more, or take bpe_model's (a BpeModel) as it is, and write bpe.model /
+    bpe.vocab (the same bytes as bpe_model's data dir has, so that its fingerprint is the same).
+    Returns the processor and the manifest's "bpe_training": {"sentences": of train, "sample": or None, and with
+    bpe_model "reused": its path}."""
     sentences = 2 * int(train.keep.sum())
-    sample = sample_sentences if sentences > sample_sentences else 0
-    log(f"training BPE (vocab_size {vocab_size}) on {sentences // 2} training pairs"
-        + (f", a random sample of {sample} of their {sentences} sentences" if sample else ""))
-    model = train_bpe((side for pair in train.pairs() for side in pair), vocab_size, sample)
+    sample = sample_sentences if sentences > sample_sentences and not bpe_model else 0
+    if bpe_model:
+        log(f"segmenting with --bpe_model {bpe_model.path} (vocab_size {bpe_model.size}); no BPE training")
+        model = bpe_model.proto
+    else:
+        log(f"training BPE (vocab_size {vocab_size}) on {sentences // 2} training pairs"
+            + (f", a random sample of {sample} of their {sentences} sentences" if sample else ""))
+        model = train_bpe((side for pair in train.pairs() for side in pair), vocab_size, sample)
     processor = spm.SentencePieceProcessor(model_proto=model)
     atomic_write(data_dir / BPE_MODEL, model)
     write_lines(data_dir / BPE_VOCAB, vocab_file_lines(processor))
-    return processor, {"sentences": sentences, "sample": sample or None}
+    reused = {"reused": bpe_model.path} if bpe_model else {}
+    return processor, {"sentences": sentences, "sample": sample or None, **reused}
 
 
 def chunks(iterable, size):

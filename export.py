@@ -1,7 +1,7 @@
 """Exports a trained model, with its sentencepiece model, as a SavedModel that translates batches of token ids
 (the default) or as a CTranslate2 model directory.
 
-    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH] [--beam_size 4 --alpha 0.6]
+    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best] [--beam_size 4 --alpha 0.6]
     python export.py --logdir runs/numbers --export_dir ct2/numbers --format ctranslate2 [--quantization int8]
 
 Signature serving_default:
@@ -50,7 +50,8 @@ def build_parser():
                                                  "model among the assets.", unrecognized_hint=TRAINED_FLAGS_HINT)
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must not exist yet")
-    parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in --logdir")
+    parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in --logdir; best: the "
+                                                   "best by dev BLEU (LOGDIR/best.json)")
     parser.add_argument("--data_dir", help="data dir with the model's bpe.model; default the one in hparams.json")
     parser.add_argument("--beam_size", type=int, help="beam width, 1 is greedy; default from hparams.json")
     parser.add_argument("--alpha", type=float, help="length penalty ((5+len)/6)^alpha; default from hparams.json")

@@ -120,7 +120,20 @@ class Hparams:
         group.add_argument("--warmup_steps", type=int, default=1000, help="learning-rate warm-up steps")
         group.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
         group.add_argument("--seed", type=int, default=1234, help="graph-level random seed and shuffling seed")
-        group.add_argument("--keep_checkpoints", type=int, default=5, help="how many checkpoints to keep")
+        group.add_argument("--keep_checkpoints", type=int, default=5,
+                           help="how many checkpoints to keep; the best by dev BLEU is kept besides, as best-STEP "
+                                "(LOGDIR/best.json names it; --ckpt best takes it)")
+        group.add_argument("--patience", type=int, default=0,
+                           help="stop after this many dev evaluations in a row without a better dev BLEU (a resumed "
+                                "run goes on counting); 0: never stop early")
+        group.add_argument("--init_from", default="", metavar="LOGDIR_OR_CHECKPOINT",
+                           help="start a new logdir from the weights of another run (its latest checkpoint, or the "
+                                "one named) with a fresh optimizer and schedule from step 0; the data dir must "
+                                "have its vocabulary (prepro.py --bpe_model) and model-shape flags not given "
+                                "default to its hparams.json")
+        group.add_argument("--config", default="", metavar="FILE",
+                           help="take flags from a JSON file: another run's hparams.json or an object of flag "
+                                "values; flags on the command line override it, and --logdir is never taken from it")
         group.add_argument("--eval_every", type=int, default=1,
                            help="translate the dev set and compute BLEU every this many epochs, and at the end; "
                                 "0: at the end only (what a time budget wants: each dev decode costs training time)")
@@ -161,7 +174,8 @@ class Hparams:
 
     @staticmethod
     def _add_testing(group):
-        group.add_argument("--ckpt", default="", help="checkpoint to test; default the latest in --logdir")
+        group.add_argument("--ckpt", default="", help="checkpoint to test; default the latest in --logdir; best: the "
+                                                      "best by dev BLEU (LOGDIR/best.json)")
         group.add_argument("--testdir", default="",
                            help="where test.py writes hypotheses and results.json; default LOGDIR/test")
         group.add_argument("--test_batch_size", type=int, default=128, help="sentences per decoding batch")
@@ -216,6 +230,7 @@ RANGES = {
     "max_minutes": at_least(0), "lr": (lambda value: value > 0, "above 0"), "warmup_steps": at_least(1),
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),
     "smoothing": in_range(0, 1, "at least 0 and below 1"), "keep_checkpoints": at_least(1),
+    "patience": at_least(0),
     "eval_every": at_least(0), "summary_every": at_least(1), "threads": at_least(0),
     "beam_size": at_least(1), "alpha": at_least(0), "max_len_a": at_least(0),
     "max_len_b": at_least(1),  # at least one decoding step, whatever the source length

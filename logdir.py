@@ -5,6 +5,8 @@
     train.lock           held by the process that writes the logdir
     checkpoint           TensorFlow's index of the checkpoints, the latest last
     NAME-STEP.*          a checkpoint of train.py; avg_*-STEP.* one of avg_checkpoints.py
+    best-STEP.*, best.json  the best checkpoint by dev BLEU, kept out of the rotation, and its step, BLEU and
+                         the dev evaluations without gain since (--patience)
     events.out.tfevents.*  the summaries TensorBoard reads
 
 train.py writes a logdir (avg_checkpoints.py adds to it); test.py, translate.py and export.py read it and take no
@@ -193,9 +195,12 @@ def checkpoint_state(logdir):
 
 
 def find_checkpoint(logdir, ckpt=""):
-    """The checkpoint to restore: ckpt if given (the name of one of its files works too), else the latest in
-    logdir. A missing one is a UserError that lists the checkpoints that do exist."""
+    """The checkpoint to restore: ckpt if given (the name of one of its files works too; best or DIR/best: the
+    best by dev BLEU, best_checkpoint), else the latest in logdir. A missing one is a UserError that lists the
+    checkpoints that do exist."""
     ckpt = CHECKPOINT_FILE_SUFFIX.sub("", ckpt)
+    if os.path.basename(ckpt) == BEST:
+        ckpt = best_checkpoint(os.path.dirname(ckpt) or logdir)
     state = checkpoint_state(logdir) if not ckpt else None
     ckpt = ckpt or (state.model_checkpoint_path if state else "")
     if not ckpt or not tf1.train.checkpoint_exists(ckpt):
@@ -216,15 +221,16 @@ def existing_checkpoints(logdir):
 OPTIONAL_VARIABLES = (SCHEDULE_TOTAL_STEPS,)
 
 
-def checkpoint_difference(ckpt):
-    """How the variables of checkpoint ckpt differ from those of the default graph: a phrase, or None.
+def checkpoint_difference(ckpt, variables=None):
+    """How the variables of checkpoint ckpt differ from those of the default graph (or from `variables`): a
+    phrase, or None.
 
     Weights in the checkpoint that the graph lacks count too (found by their Adam slot), so that a model with
     fewer blocks never restores half of a bigger one silently.
     """
     saved = dict(tf.train.list_variables(ckpt))
     names = set()
-    for variable in tf1.global_variables():
+    for variable in tf1.global_variables() if variables is None else variables:
         name, shape = variable.op.name, variable.shape.as_list()
         names.add(name)
         if name not in saved and name in OPTIONAL_VARIABLES:
@@ -320,10 +326,8 @@ def pinned_checkpoint(ckpt):
         yield ckpt
         return
     try:
-        files = [path for path in glob.glob(glob.escape(ckpt) + ".*")
-                 if CHECKPOINT_FILE_SUFFIX.fullmatch(path[len(ckpt):])]
         try:
-            for path in files:
+            for path in checkpoint_files(ckpt):
                 os.link(path, os.path.join(pin, os.path.basename(path)))
         except FileNotFoundError:
             raise CheckpointGone(ckpt) from None
@@ -338,6 +342,12 @@ def pinned_checkpoint(ckpt):
         yield os.path.join(pin, name)
     finally:
         shutil.rmtree(pin, ignore_errors=True)
+
+
+def checkpoint_files(ckpt):
+    """The paths of the files of checkpoint ckpt (its .index, .data-* and .meta)."""
+    return [path for path in glob.glob(glob.escape(ckpt) + ".*")
+            if CHECKPOINT_FILE_SUFFIX.fullmatch(path[len(ckpt):])]
 
 
 def remove_stale_pins(logdir):
@@ -419,3 +429,76 @@ class EventsFile:
             pass
         if self.path and os.path.exists(self.path):
             os.truncate(self.path, whole_records_size(self.path))
+
+
+# ----------------------------------------------------------------------------------------------
+# The best checkpoint by dev BLEU, and the weights of another run
+
+
+#: The name of the best checkpoint (BEST-STEP, kept beside the ones that --keep_checkpoints rotates), as --ckpt
+#: takes it, and of the file that names it: {"step", "bleu", "checkpoint", "evals_without_gain"}.
+BEST, BEST_JSON = "best", "best.json"
+
+
+def read_best(logdir):
+    """LOGDIR/best.json as a dict, or None before the first dev evaluation."""
+    fpath = os.path.join(logdir, BEST_JSON)
+    if not os.path.exists(fpath):
+        return None
+    best = read_json(fpath, "delete it: the next dev evaluation of train.py writes it again")
+    if not isinstance(best, dict) or not {"step", "bleu", "checkpoint", "evals_without_gain"} <= set(best):
+        raise UserError("%s is not a best.json written by train.py: delete it, the next dev evaluation writes it "
+                        "again" % fpath)
+    return best
+
+
+def best_checkpoint(logdir):
+    """The path of the best checkpoint by dev BLEU of logdir (see record_dev_bleu)."""
+    best = read_best(logdir)
+    if best is None:
+        raise UserError("--ckpt best: %s has no %s yet: train.py writes it at the first dev evaluation; checkpoints "
+                        "in %s: %s" % (logdir, BEST_JSON, logdir, existing_checkpoints(logdir) or "none"))
+    return os.path.join(logdir, best["checkpoint"])
+
+
+def record_dev_bleu(logdir, ckpt, step, bleu):
+    """After a dev evaluation of the weights saved as ckpt (at global step `step`): a better BLEU than best.json's
+    makes ckpt the best, hard-linked (or copied) as LOGDIR/best-STEP, out of reach of the Saver's rotation; else
+    one more evaluation without gain is counted. best.json is written atomically after the new files and before the
+    old best's are removed, so it always names a complete checkpoint. Returns the new best.json dict."""
+    best = read_best(logdir)
+    if best is not None and bleu <= best["bleu"]:
+        best = {**best, "evals_without_gain": best["evals_without_gain"] + 1}
+    else:
+        name = "%s-%d" % (BEST, step)
+        for path in checkpoint_files(ckpt):
+            link_or_copy(path, os.path.join(logdir, name + path[len(ckpt):]))
+        best = {"step": int(step), "bleu": float(bleu), "checkpoint": name, "evals_without_gain": 0}
+    atomic_write(os.path.join(logdir, BEST_JSON), json.dumps(best, indent=2) + "\n")
+    kept = os.path.join(logdir, best["checkpoint"])
+    for path in glob.glob(os.path.join(glob.escape(logdir), BEST + "-*")):
+        if not (path.startswith(kept) and CHECKPOINT_FILE_SUFFIX.fullmatch(path[len(kept):])):
+            os.remove(path)  # the previous best, and what a killed run left half-linked
+    return best
+
+
+def link_or_copy(source, target):
+    """Makes target a hard link to source (a copy where links can not be made), replacing target at once."""
+    temporary = "%s.%d.tmp" % (target, os.getpid())
+    try:
+        os.link(source, temporary)
+    except OSError:
+        shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
+
+
+def restore_weights(sess, ckpt, what):
+    """Restores the model's weights (the trainable variables: embeddings, encoder and decoder) from ckpt and
+    nothing else: global step, optimizer slots and schedule keep their initial values. A checkpoint whose weights
+    differ in name or shape is a UserError naming the difference; what: where ckpt came from, for it."""
+    variables = tf1.trainable_variables()
+    with pinned_checkpoint(ckpt) as path:
+        difference = checkpoint_difference(path, variables)
+        if difference:
+            raise UserError("%s does not fit the model of this run: %s" % (what, difference))
+        tf1.train.Saver(variables).restore(sess, path)

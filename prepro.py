@@ -28,7 +28,7 @@ from pathlib import Path
 from corpora import FILE_FLAGS, SPLITS, file_splits, log
 from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from corpora.numbers import numbers_corpus
-from databuild import build_data_dir
+from databuild import build_data_dir, read_bpe_model
 from datadir import MANIFEST_NAME, check_data_dir
 from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
 from textio import SPECIAL_PIECES, check_writable_dir
@@ -66,6 +66,10 @@ def build_parser():
     parser.add_argument("--vocab_size", type=int,
                         help="BPE vocabulary size including the 4 special pieces (default 1000 for numbers, "
                              "32000 otherwise); it is an error if the corpus cannot fill it")
+    parser.add_argument("--bpe_model", metavar="PATH",
+                        help="segment with this sentencepiece model (another data dir's bpe.model) instead of "
+                             "training one: the data dir gets that vocabulary, so a model trained on the other data "
+                             "dir can go on training here (train.py --init_from); --vocab_size is the model's")
     parser.add_argument("--dedup", action="store_true",
                         help="drop repeated (source, target) training pairs, keeping the first "
                              "(default: count and report them only)")
@@ -112,6 +116,8 @@ def check_flags(parser, args):
         missing = [f"--{flag}" for flag in FILE_FLAGS.values() if getattr(args, flag) is None]
         if missing:
             parser.error(f"--dataset files needs {', '.join(missing)}")
+    if args.vocab_size is not None and args.bpe_model:
+        parser.error(f"--vocab_size comes from --bpe_model {args.bpe_model}: leave --vocab_size out")
     if args.vocab_size is not None and args.vocab_size <= len(SPECIAL_PIECES):
         parser.error(f"--vocab_size {args.vocab_size} is too small: the {len(SPECIAL_PIECES)} special pieces "
                      "(<pad> <unk> <s> </s>) come on top of one piece per character of the corpus")
@@ -121,15 +127,18 @@ def check_flags(parser, args):
         parser.error(f"--seed {args.seed} is out of range: it must be from 0 to 2^32 - 1 (4294967295)")
 
 
-def build_options(args):
-    """Every option that shapes the output, with defaults filled in."""
+def build_options(args, bpe_model=None):
+    """Every option that shapes the output, with defaults filled in. bpe_model: the sentencepiece model of
+    --bpe_model (databuild.BpeModel), whose size and sha256 it records."""
     def given_or(value, default):
         return default if value is None else value
 
-    options = {"dataset": args.dataset,
-               "vocab_size": given_or(args.vocab_size, DEFAULT_VOCAB_SIZE[args.dataset]),
+    vocab_size = bpe_model.size if bpe_model else given_or(args.vocab_size, DEFAULT_VOCAB_SIZE[args.dataset])
+    options = {"dataset": args.dataset, "vocab_size": vocab_size,
                "dedup": args.dedup, "filter_ratio": args.filter_ratio, "max_ratio": args.max_ratio,
                "src_lang": given_or(args.src_lang, "de"), "tgt_lang": given_or(args.tgt_lang, "en")}
+    if bpe_model:
+        options.update(bpe_model_sha256=bpe_model.sha256)
     if args.dataset == "numbers":
         options.update(seed=given_or(args.seed, 1), n_train=given_or(args.n_train, 50000),
                        n_eval=given_or(args.n_eval, 1000), n_test=given_or(args.n_test, 1000))
@@ -156,14 +165,16 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_flags(parser, args)
-    options = build_options(args)
     data_dir = Path(args.data_dir or Path("data") / args.dataset)
     started = time.monotonic()
     try:
+        bpe_model = read_bpe_model(args.bpe_model) if args.bpe_model else None
+        options = build_options(args, bpe_model)
         check_data_dir(data_dir)
         check_writable_dir(data_dir, "data_dir")  # before a download or a build, which a read-only one would waste
         splits, sources, downloads = load_corpus(args, options, data_dir)
-        manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force)
+        manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force,
+                                  bpe_model=bpe_model)
     except (UserError, OSError) as error:  # prepro.py's main returns its exit code: errors.run_cli's lines
         line = error_line(error)
         if line is None:

@@ -1,9 +1,12 @@
-"""Translates the whole test split with a trained model and reports sacreBLEU.
+"""Translates the whole test split with a trained model and reports sacreBLEU, or scores other file pairs.
 
-    python test.py --logdir runs/numbers [--ckpt PATH] [--testdir DIR] [--beam_size 4]
+    python test.py --logdir runs/numbers [--ckpt PATH|best] [--testdir DIR] [--beam_size 4]
+    python test.py --logdir runs/numbers --src a.de b.de --ref a.en b.en     # BLEU and chrF of each pair
 
 The model's shape and data dir come from LOGDIR/hparams.json. Writes TESTDIR/hypotheses.txt (one line per source
-line, in order; an empty source line gets an empty hypothesis) and TESTDIR/results.json.
+line, in order; an empty source line gets an empty hypothesis) and TESTDIR/results.json. With --src/--ref, the
+source files are raw text translated as translate.py --input translates them, and TESTDIR/hypotheses.N.txt (N
+counting the pairs from 1) and TESTDIR/files.json are written instead, with one line per pair printed.
 """
 import os
 
@@ -23,7 +26,8 @@ from hparams import DECODING_FLAGS, Hparams, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
 from model import ModelConfig, build_transformer
 from textio import atomic_write, check_writable_dir, read_lines
-from utils import calc_bleu, get_hypotheses
+from translate import Translator, best_translations, read_pair
+from utils import calc_bleu, calc_chrf, get_hypotheses
 
 tf1 = tf.compat.v1
 
@@ -31,8 +35,16 @@ tf1 = tf.compat.v1
 def parse_args(argv):
     """The model's hyperparameters: LOGDIR/hparams.json with the flags given on top. Only where the model is, how
     to decode and --testdir are flags; the model's shape and the training settings come from hparams.json."""
-    args, given = parse_flags(Hparams(DECODING_FLAGS + ("testdir",), "test.py").parser, argv)
+    parser = Hparams(DECODING_FLAGS + ("testdir",), "test.py").parser
+    group = parser.add_argument_group("test.py")
+    group.add_argument("--src", nargs="+", default=[], metavar="FILE",
+                       help="score these source files (raw UTF-8 text) instead of the data dir's test split, each "
+                            "against the --ref file in the same position")
+    group.add_argument("--ref", nargs="+", default=[], metavar="FILE",
+                       help="the reference translation of each --src file, line by line")
+    args, given = parse_flags(parser, argv)
     hp = load_trained_hparams(args.logdir, given)
+    hp.src, hp.ref = args.src, args.ref
     runtime.resolve_precision(hp)
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
     check_writable_dir(hp.testdir, "testdir")  # before the decode, which a bad --testdir would waste
@@ -44,6 +56,8 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp = parse_args(argv)
+    if hp.src or hp.ref:
+        return score_files(hp)
     manifest, ckpt = trained_model_files(hp, hp.ckpt, ("test",))
     files = split_paths(hp.data_dir, manifest, "test")
     batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None, hp.test_batch_size)
@@ -73,6 +87,34 @@ def main(argv=None):
     atomic_write(os.path.join(hp.testdir, "results.json"), json.dumps(results, indent=2) + "\n")
     print("BLEU = %.2f  %s  (%d sentences, %s, beam %d, %.1f s) -> %s"
           % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds, hp.testdir))
+    return 0
+
+
+def score_files(hp):
+    """test.py --src ... --ref ...: translates each source file and prints its BLEU and chrF against its
+    reference file. Every file is read, and the pairs' line counts compared, before the model is loaded."""
+    if len(hp.src) != len(hp.ref):
+        raise UserError("%d --src files but %d --ref files: give one --ref file per --src file, in the same order"
+                        % (len(hp.src), len(hp.ref)))
+    pairs = [read_pair(source, reference, ("src", "ref")) for source, reference in zip(hp.src, hp.ref)]
+    manifest, ckpt = trained_model_files(hp, hp.ckpt)
+    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
+    translator = Translator(hp, ckpt)
+    results = []
+    try:
+        for number, (source, reference, (sources, references)) in enumerate(zip(hp.src, hp.ref, pairs), 1):
+            hypotheses = best_translations(translator, sources, sp, hp.maxlen1 - 1, "%s line" % source)
+            atomic_write(os.path.join(hp.testdir, "hypotheses.%d.txt" % number), "".join(h + "\n" for h in hypotheses))
+            bleu, signature = calc_bleu(references, hypotheses)
+            results.append({"src": source, "ref": reference, "bleu": round(bleu, 2),
+                            "chrf": round(calc_chrf(references, hypotheses), 2), "sentences": len(sources)})
+            print("%s: BLEU = %.2f  chrF = %.2f  (%d sentences, %s, beam %d)" % (
+                source, bleu, results[-1]["chrf"], len(sources), os.path.basename(ckpt), hp.beam_size), flush=True)
+    finally:
+        translator.close()
+    atomic_write(os.path.join(hp.testdir, "files.json"), json.dumps(
+        {"pairs": results, "signature": signature, "checkpoint": ckpt, "beam_size": hp.beam_size,
+         "alpha": hp.alpha}, indent=2) + "\n")
     return 0
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import signal
 import sys
+from argparse import Namespace
 
 import numpy as np
 import sentencepiece as spm
@@ -30,38 +31,129 @@ import distributed
 from fast import kernels
 from budget import Budget
 from data_load import Sources, eval_order, get_batch
-from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
+from datadir import BPE_MODEL, bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
 from decoding import DecodingSettings
 from errors import DiskFull, UserError, is_disk_full, run_cli
-from hparams import Hparams, check_ranges, parse_flags
-from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
-                    logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs,
-                    trained_data_dir)
+from hparams import MODEL_FLAGS, Hparams, check_ranges, parse_flags, type_error
+from logdir import (HPARAMS_NAME, EventsFile, check_trained, checkpoint_state, find_checkpoint, is_averaged,
+                    load_trained_hparams, logdir_lock, read_best, record_dev_bleu, remove_partial_checkpoints, restore,
+                    restore_weights, save_hparams, save_variable_specs, trained_data_dir)
 from model import ModelConfig, build_transformer
-from textio import atomic_write, check_writable_dir, read_lines
+from textio import atomic_write, check_writable_dir, read_json, read_lines
 from utils import Progress, calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
 
 
 def resolve_hparams(argv):
-    """Command-line flags, or on resume the logdir's hparams.json overridden by the flags given explicitly.
+    """Command-line flags on top of --config FILE's, or on resume the logdir's hparams.json overridden by them.
 
     The model's shape can not change on resume, nor its vocabulary: vocab_size, vocab_sha256 and bpe_sha256 come
-    from the data dir. Every flag's range is checked before anything is built.
+    from the data dir. A new run with --init_from takes the model-shape flags it is not given from the source run
+    (init_model_flags). Every flag's range is checked before anything is built.
     """
-    hp, given = parse_flags(Hparams(prog="train.py").parser, argv)
-    trained_on = None
+    parser = Hparams(prog="train.py").parser
+    hp, given = parse_flags(parser, argv)
+    if hp.config:
+        given = {**config_flags(hp.config), **given}
+    trained_on = source = None
     if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
         hp, trained_on = load_trained_hparams(hp.logdir, given), trained_data_dir(hp.logdir)
+    else:
+        if given.get("init_from"):
+            source, _ = init_source(given["init_from"])
+            given = {**init_model_flags(given, source), **given}
+        hp = parser.parse_args([], namespace=Namespace(**given))  # the defaults of the flags not given
     check_ranges(hp)
+    check_patience(hp)
     manifest = load_manifest(hp.data_dir, trained_on, hp.logdir, ("train", "eval"))
     if trained_on:
         check_vocab(hp, manifest, trained_on)
     vars(hp).update(fingerprint(hp.data_dir, manifest))
+    if source:
+        check_init_vocab(hp, source)
     runtime.resolve_precision(hp)
     kernels.resolve_kernels(hp)
     return hp, manifest
+
+
+#: Keys of a hparams.json that --config passes over: the data dir's fingerprint (train.py records the data dir's
+#: own), the run's logdir (a new run's comes from the command line) and the file that run itself was given.
+CONFIG_SKIPPED = ("vocab_size", "vocab_sha256", "bpe_sha256", "logdir", "config")
+
+
+def config_flags(fpath):
+    """The flags of --config FILE: another run's hparams.json, or a JSON object of flag values, without
+    CONFIG_SKIPPED; each value's type checked. A key that is no flag of train.py is a UserError naming it."""
+    if not os.path.isfile(fpath):
+        raise UserError("--config %s not found: pass a JSON file of flag values, e.g. a run's hparams.json" % fpath)
+    values = read_json(fpath, "fix it, or pass another --config")
+    if not isinstance(values, dict):
+        raise UserError("--config %s is not a JSON object of flag values ({\"flag\": value, ...})" % fpath)
+    flags = {action.dest for action in Hparams().parser._actions if action.dest != "help"}
+    for key in values:
+        if key not in flags and key not in CONFIG_SKIPPED:
+            raise UserError("--config %s: unknown key \"%s\", not a flag of train.py: remove it (train.py --help "
+                            "lists the flags)" % (fpath, key))
+    problem = type_error(values, fpath)
+    if problem:
+        raise UserError(problem)
+    return {key: value for key, value in values.items() if key not in CONFIG_SKIPPED}
+
+
+def init_source(path):
+    """(hyperparameters, checkpoint) of --init_from PATH: a logdir and its latest checkpoint, or a checkpoint (best:
+    the best by dev BLEU) and the logdir it is in."""
+    logdir = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    if not os.path.exists(os.path.join(logdir, HPARAMS_NAME)):
+        raise UserError("--init_from %s is neither a logdir written by train.py nor a checkpoint in one (no %s in %s)"
+                        % (path, HPARAMS_NAME, logdir))
+    source = load_trained_hparams(logdir, {})
+    ckpt = find_checkpoint(logdir, "" if os.path.isdir(path) else path)
+    check_trained(ckpt, logdir)
+    return source, ckpt
+
+
+def init_model_flags(given, source):
+    """The model-shape flags (hparams.MODEL_FLAGS but the vocabulary's size, which comes from the data dir) of the
+    --init_from run `source`; a flag given with another value is a UserError naming it."""
+    shape = {flag: getattr(source, flag) for flag in MODEL_FLAGS if flag != "vocab_size"}
+    for flag, value in shape.items():
+        if flag in given and given[flag] != value:
+            raise UserError("--init_from %s holds a model with --%s %s but this run asks for %s: leave --%s out (it "
+                            "defaults to that model's) or train without --init_from"
+                            % (given["init_from"], flag, value, given[flag], flag))
+    return shape
+
+
+def check_init_vocab(hp, source):
+    """The data dir (its fingerprint recorded in hp) must have the vocabulary that the --init_from run `source` was
+    trained with, where its hparams.json records it."""
+    for key, what in (("vocab_size", "vocabulary size"), ("vocab_sha256", "BPE vocabulary (bpe.vocab)"),
+                      ("bpe_sha256", "sentencepiece model (bpe.model)")):
+        theirs, ours = getattr(source, key, None), getattr(hp, key)
+        if theirs is not None and theirs != ours:
+            raise UserError("--init_from %s was trained with another %s than --data_dir %s has (%s there, %s here): "
+                            "build the data dir with `python prepro.py --bpe_model %s ...` to use that model's "
+                            "vocabulary" % (hp.init_from, what, hp.data_dir, str(theirs)[:12], str(ours)[:12],
+                                            os.path.join(source.data_dir, BPE_MODEL)))
+
+
+def check_patience(hp):
+    """--patience counts dev evaluations of the one process that makes them."""
+    if hp.patience and not hp.eval_every:
+        raise UserError("--patience %d counts dev evaluations, which --eval_every 0 leaves to the end: pass "
+                        "--eval_every 1 or more" % hp.patience)
+    if hp.patience and hp.distribute == "multiworker":
+        raise UserError("--patience needs a run in one process: it is not supported with --distribute multiworker")
+
+
+def early_stop(hp, best):
+    """Why --patience ends training (a phrase) given best.json's dict (logdir.read_best), or None."""
+    if not (hp.patience and best and best["evals_without_gain"] >= hp.patience):
+        return None
+    return ("--patience %d: %d dev evaluations in a row without a better BLEU than %.2f, that of %s"
+            % (hp.patience, best["evals_without_gain"], best["bleu"], best["checkpoint"]))
 
 
 class StopRequest:
@@ -153,17 +245,22 @@ def build_graph(hp, manifest, cluster):
         init=tf1.global_variables_initializer())
 
 
-def restore_or_init(sess, g, logdir):
+def restore_or_init(sess, g, logdir, init_from=""):
     """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir has none,
     initializes the variables (returns None). Averaged checkpoints (avg_*, see avg_checkpoints.py) are passed over:
     training goes on from where it stopped, and the Saver never rotates them away. A newest checkpoint that is
-    missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint."""
+    missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint.
+    Initialized, the weights come from the checkpoint of init_from (--init_from) if given."""
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
     distributed.agree_on_checkpoint(sess, g.step, ckpt)
     if ckpt is None:
         sess.run(g.init)
+        if init_from:
+            _, source = init_source(init_from)
+            restore_weights(sess, source, "--init_from %s (%s)" % (init_from, source))
+            print("weights from %s; optimizer and learning-rate schedule start afresh at step 0" % source)
         return None
     restore(sess, ckpt, logdir, g.saver)
     g.saver.recover_last_checkpoints(trained)
@@ -271,8 +368,12 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
 
 
 def nothing_to_do(hp, budget, step, epoch):
-    """The line a resumed run prints when its logdir has already trained to the end of its budget, naming that end
-    and how to train longer; None when there is training left."""
+    """The line a resumed run prints when its logdir has already trained to the end of its budget or stopped early
+    (--patience), naming that end and how to train longer; None when there is training left."""
+    stopped = early_stop(hp, read_best(hp.logdir))
+    if stopped:
+        return "nothing to do: %s stopped early, %s; to train longer, resume with a higher --patience" % (
+            hp.logdir, stopped)
     if budget.decaying and budget.total and step >= budget.total:
         end = "its --lr_schedule %s decayed to 0 at step %d" % (hp.lr_schedule, budget.total)
     elif hp.max_steps and step >= hp.max_steps:
@@ -324,9 +425,10 @@ def train(hp, manifest, cluster):
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)
+        read_best(hp.logdir)  # a damaged best.json is refused now, not at the first dev evaluation
     runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
-        last_ckpt = restore_or_init(sess, g, hp.logdir)
+        last_ckpt = restore_or_init(sess, g, hp.logdir, hp.init_from)
         epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
         step = sess.run(g.step.global_step)
         if last_ckpt:
@@ -391,7 +493,7 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
             return step, epoch, last_ckpt
         if epoch_step >= g.train_num_batches(epoch):
             epoch, epoch_step = epoch + 1, 0
-        name, report = "E%02d_L%.2f" % (epoch, loss), ""
+        name, report, bleu = "E%02d_L%.2f" % (epoch, loss), "", None
         if not cluster.is_chief:
             print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task), flush=True)
             continue
@@ -406,6 +508,10 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
         print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"
               % (epoch, step, loss, tokens_per_s, time.time() - start, report, os.path.basename(last_ckpt)),
               flush=True)
+        stopped = None if bleu is None else early_stop(hp, record_dev_bleu(hp.logdir, last_ckpt, step, bleu))
+        if stopped:
+            print("early stop: %s" % stopped, flush=True)
+            break
     return step, epoch, last_ckpt
 
 

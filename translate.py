@@ -4,6 +4,7 @@
     python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]          # batched, in order
     python translate.py --logdir runs/multi30k                # standard input: each line printed when done
     python translate.py --engine ctranslate2 --model ct2/multi30k "Ein Mann schläft."   # export.py --format ctranslate2
+    python translate.py --logdir runs/multi30k --input src.de --score ref.en   # LOGPROB<TAB>NORMALIZED per pair
     options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH --test_batch_size 128
 
 The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py (--beam_size,
@@ -22,11 +23,16 @@ LINE counted from 0, best first). Notes go to standard error:
     on standard input such a line gives an empty translation and a note, and translation goes on.
 --output FILE is written beside FILE and renamed into place when translation ends: an interrupted run leaves the
 old FILE (if any) as it was. --output and --plot_attention are checked before the model is loaded.
+--score REF (with --input SRC) translates nothing: it prints, for each source line and the reference line of REF
+beside it, `LOGPROB<TAB>NORMALIZED`: log p(reference + </s> | source) under the model (teacher-forced, whole
+lines however long) and that divided by beam search's length penalty ((5 + length) / 6)^alpha, length counting
+</s>: the score --nbest prints for a translation, and what beam search maximizes.
 --plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE counted
 from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last decoder block.
 """
 import argparse
 import contextlib
+import math
 import os
 
 import runtime  # first: TensorFlow's environment defaults
@@ -79,6 +85,10 @@ def build_parser():
     group.add_argument("--plot_attention", default="", metavar="DIR",
                        help="write attention heat maps (PNG) of every translated line and of the positional "
                             "encoding to DIR")
+    group.add_argument("--score", default="", metavar="REF",
+                       help="with --input SRC: print LOGPROB<TAB>NORMALIZED of each line of REF as the translation "
+                            "of the line of SRC beside it (forced decoding; NORMALIZED divides by the length penalty "
+                            "of --alpha) instead of translating")
     group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
                        help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the model directory "
                             "--model written by export.py --format ctranslate2 (its decoding settings, which the "
@@ -102,6 +112,7 @@ def parse_args(argv):
         check_writable_dir(args.plot_attention, "plot_attention")
     if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
+    check_score_flags(args)
     return hp, args
 
 
@@ -110,6 +121,18 @@ def trained_hparams(logdir, given):
     hp = load_trained_hparams(logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS})
     runtime.resolve_precision(hp)
     return hp
+
+
+def check_score_flags(args):
+    """--score REF scores the lines of --input SRC with the TensorFlow engine, and prints nothing else."""
+    if not args.score:
+        return
+    if not args.input:
+        raise UserError("--score %s needs --input SRC, the source of each of its lines" % args.score)
+    others = [flag for flag, given in (("--nbest", args.nbest > 1), ("--plot_attention", args.plot_attention),
+                                       ("--engine ctranslate2", args.engine == "ctranslate2")) if given]
+    if others:
+        raise UserError("--score prints scores, not translations: leave out %s" % ", ".join(others))
 
 
 def ctranslate2_hparams(args, given):
@@ -131,15 +154,25 @@ def ctranslate2_hparams(args, given):
 
 
 # ---------------------------------------------------------------- text in
-def read_input(fpath):
-    """Lines of a UTF-8 file ('\\r\\n', a byte-order mark and a missing final newline are fine).
+def read_input(fpath, flag="input"):
+    """Lines of a UTF-8 file given as --flag ('\\r\\n', a byte-order mark and a missing final newline are fine).
     Invalid UTF-8 is a UserError naming the line."""
     try:
         with open(fpath, "rb") as f:
             data = f.read()
         return decode_lines(data, fpath)
     except OSError as error:
-        raise UserError("cannot read --input %s: %s" % (fpath, error.strerror)) from None
+        raise UserError("cannot read --%s %s: %s" % (flag, fpath, error.strerror)) from None
+
+
+def read_pair(source, reference, flags):
+    """The lines of a source file and of its reference file, given as flags (two names); a different number of
+    lines is a UserError."""
+    sources, references = read_input(source, flags[0]), read_input(reference, flags[1])
+    if len(sources) != len(references):
+        raise UserError("--%s %s has %d lines but --%s %s has %d: give one reference line per source line"
+                        % (flags[0], source, len(sources), flags[1], reference, len(references)))
+    return sources, references
 
 
 def stdin_lines():
@@ -207,19 +240,26 @@ def prepare(text, sp, limit):
 
 # ---------------------------------------------------------------- the model
 class Translator:
-    """One decoding graph over placeholders, and a session with the checkpoint restored."""
+    """One decoding graph over placeholders (or, scoring, one teacher-forced graph), and a session with the
+    checkpoint restored."""
 
-    def __init__(self, hp, ckpt, nbest, with_attention):
+    def __init__(self, hp, ckpt, nbest=1, with_attention=False, scoring=False):
         self.batch_size = hp.test_batch_size
         self.x = tf1.placeholder(tf.int32, [None, None], name="x")  # (N, T1) source ids + </s>, padded with 0
         self.x_seqlen = tf1.placeholder(tf.int32, [None], name="x_seqlen")  # (N,)
+        self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
         xs = Sources(self.x, self.x_seqlen)
         model = build_transformer(ModelConfig.from_flags(hp))
-        # (N, nbest, T), (N, nbest): best first
-        self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp), nbest)
         self.attention = None
+        if scoring:
+            log_probs = model.score(xs, self.targets, alpha=0.0)  # (N,): a penalty of 1
+            lengths = tf.reduce_sum(tf.cast(tf.not_equal(self.targets, PAD_ID), tf.int32), axis=1)  # with </s>
+            self.forced_scores = log_probs, log_probs / decoding.length_penalty(lengths, hp.alpha)
+        else:
+            # (N, nbest, T), (N, nbest): best first
+            self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, decoding.DecodingSettings.from_flags(hp),
+                                                               nbest)
         if with_attention:
-            self.targets = tf1.placeholder(tf.int32, [None, None], name="targets")  # (N, T2) ids ending in </s>
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
         runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
         self.sess = tf1.Session(config=runtime.session_config(hp))
@@ -238,6 +278,16 @@ class Translator:
         if self.attention is not None:
             attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
         return list(zip(ids, scores, attention))
+
+    def score(self, sources, targets):
+        """sources, targets: lists of N id lists, each ending in </s>. Returns per pair (log p(target | source),
+        log p / length penalty), in batches of batch_size pairs taken in order."""
+        scores = []
+        for start in range(0, len(sources), self.batch_size):
+            (x, x_seqlen), (y, _) = (pad(ids[start:start + self.batch_size]) for ids in (sources, targets))
+            batch = self.sess.run(self.forced_scores, {self.x: x, self.x_seqlen: x_seqlen, self.targets: y})
+            scores.extend(zip(*batch))
+        return scores
 
     def close(self):
         self.sess.close()
@@ -311,16 +361,44 @@ def report(where, number, notes):
 
 
 # ---------------------------------------------------------------- modes
-def translate_all(translator, lines, sp, limit, args, plots, out, where):
-    """Translates a list of lines in batches and writes one output line (or n-best block) per line, in order."""
+def translated_lines(translator, lines, sp, limit, where):
+    """Translates a list of lines in batches; yields each line's parts and their results (Translator.run), in
+    order. Notes about the lines go to stderr, `where` naming them."""
     prepared = [prepare(text, sp, limit) for text in lines]
     for number, (_, notes) in enumerate(prepared, 1):
         report(where, number, notes)
     sources = [source for parts, _ in prepared for source in parts]
     results = iter(run_in_length_batches(translator.run, sources, translator.batch_size, progress=True))
-    for number, (parts, _) in enumerate(prepared, 1):
-        part_results = [next(results) for _ in parts]
+    for parts, _ in prepared:
+        yield parts, [next(results) for _ in parts]
+
+
+def translate_all(translator, lines, sp, limit, args, plots, out, where):
+    """Translates a list of lines in batches and writes one output line (or n-best block) per line, in order."""
+    for number, (parts, part_results) in enumerate(translated_lines(translator, lines, sp, limit, where), 1):
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
+
+
+def best_translations(translator, lines, sp, limit, where):
+    """The best translation of each of a list of lines, in order ("" for an empty line)."""
+    return [output_lines(number, nbest_texts(part_results, sp) if parts else [], 1)[0]
+            for number, (parts, part_results) in enumerate(translated_lines(translator, lines, sp, limit, where), 1)]
+
+
+def score_all(translator, sources, references, sp, out):
+    """Writes `LOGPROB<TAB>NORMALIZED` of each reference line given its source line (--score), in order."""
+    source_ids, target_ids = ([forced_ids(text, sp, where, number) for number, text in enumerate(lines, 1)]
+                              for where, lines in (("--input line", sources), ("--score line", references)))
+    for log_prob, normalized in translator.score(source_ids, target_ids):
+        out.write("%.6f\t%.6f\n" % (log_prob, normalized))
+
+
+def forced_ids(text, sp, where, number):
+    """The ids of a whole line (never split: scoring reads it at any length) ending in </s>; an empty line is
+    </s> alone. Notes about it go to stderr."""
+    parts, notes = prepare(text, sp, math.inf)
+    report(where, number, notes if parts else ["is empty: scored as </s> alone"])
+    return parts[0] if parts else [EOS_ID]
 
 
 def translate_stream(translator, sp, limit, args, plots, out):
@@ -346,21 +424,26 @@ def main(argv=None):
     tf1.reset_default_graph()  # main() may run more than once in a process (tests)
     tf.get_logger().setLevel("ERROR")
     hp, args = parse_args(argv)
-    lines = read_input(args.input) if args.input else args.sentences
+    if args.score:
+        lines, references = read_pair(args.input, args.score, ("input", "score"))
+    else:
+        lines = read_input(args.input) if args.input else args.sentences
     if args.engine == "ctranslate2":
         translator = ctranslate2_translator(args.model, hp, args.nbest)
         sp = translator.sp
     else:
         manifest, ckpt = trained_model_files(hp, hp.ckpt)
         sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
-        translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention))
+        translator = Translator(hp, ckpt, args.nbest, bool(args.plot_attention), scoring=bool(args.score))
     plots = AttentionPlots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
     with contextlib.ExitStack() as stack:
         stack.callback(translator.close)
         # --output FILE is written beside FILE and renamed into place at the end: an interruption keeps the old FILE
         out = stack.enter_context(atomic_file(args.output, text=True)) if args.output else sys.stdout
-        if args.input or args.sentences:
+        if args.score:
+            score_all(translator, lines, references, sp, out)
+        elif args.input or args.sentences:
             translate_all(translator, lines, sp, limit, args, plots, out, "line" if args.input else "sentence")
         else:
             translate_stream(translator, sp, limit, args, plots, out)

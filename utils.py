@@ -105,3 +105,10 @@ def calc_bleu(references, hypotheses):
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hypotheses, [references]).score
     return (0.0 if math.isnan(score) else score), str(bleu.get_signature())
+
+
+def calc_chrf(references, hypotheses):
+    """sacreBLEU's chrF (character 6-grams, beta 2) over detokenized text, 0-100, as calc_bleu takes them."""
+    if len(references) != len(hypotheses):
+        raise ValueError("%d references but %d hypotheses" % (len(references), len(hypotheses)))
+    return sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score if references else 0.0

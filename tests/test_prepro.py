@@ -334,6 +334,25 @@ def test_existing_data_dir_with_other_options(numbers_dir, capsys):
     assert read_manifest(numbers_dir)["vocab_size"] == 300
 
 
+def test_bpe_model_reuses_another_data_dirs_vocabulary(numbers_dir, tmp_path, capsys):
+    """A corpus of another seed segmented with numbers_dir's bpe.model: the same fingerprint (what train.py
+    --init_from compares), no BPE trained, and the ids its model gives; a file that is no model is one line."""
+    other = tmp_path / "other"
+    assert run_prepro("--data_dir", other, "--seed", "5", "--n_train", "400", "--n_eval", "20", "--n_test", "20",
+                      "--bpe_model", numbers_dir / "bpe.model") == 0
+    original, reused = (datadir.load_manifest(str(path)) for path in (numbers_dir, other))
+    assert datadir.fingerprint(str(other), reused) == datadir.fingerprint(str(numbers_dir), original)
+    assert reused["vocab_size"] == 300 and reused["bpe_training"]["reused"] == str(numbers_dir / "bpe.model")
+    assert "no BPE training" in capsys.readouterr().out
+    sp = spm.SentencePieceProcessor(model_file=str(numbers_dir / "bpe.model"))
+    assert raw_lines(other / "train.1.bpe")[:5] == [" ".join(sp.encode(line, out_type=str))
+                                                    for line in raw_lines(other / "train.1")[:5]]
+    for bad, message in ((tmp_path / "none.model", "cannot read --bpe_model %s: No such file or directory;"),
+                         (numbers_dir / "bpe.vocab", "--bpe_model %s is not a sentencepiece model:")):
+        assert run_prepro("--data_dir", tmp_path / "bad", "--bpe_model", bad) == 2
+        assert capsys.readouterr().err.splitlines() == ["error: %s pass the bpe.model of a data dir" % (message % bad)]
+
+
 def test_force_rebuilds(tmp_path):
     data_dir = tmp_path / "data"
     assert run_prepro("--data_dir", data_dir, *SMALL_NUMBERS) == 0
