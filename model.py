@@ -138,8 +138,8 @@ class Transformer:
                                      cache=cache, **flags)
         dec, attention = multihead_attention(dec, memory, src_masks, cfg.num_heads, scope="vanilla_attention",
                                              **flags)
-        return ff(dec, [cfg.d_ff, cfg.d_model], relu_dropout=cfg.relu_dropout, **self.sublayer_flags(training)), \
-            attention
+        dec = ff(dec, [cfg.d_ff, cfg.d_model], relu_dropout=cfg.relu_dropout, **self.sublayer_flags(training))
+        return dec, attention
 
     def decode(self, ys, memory, src_masks, training=True):
         """ys: data_load.Targets, decoder_input and y (N, T2). memory: (N, T1, d_model). src_masks: (N, T1).
