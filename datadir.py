@@ -28,10 +28,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from corpora import SIDES, log
+from corpora import SIDES, SPLITS, log
 from errors import UserError
 from idsfile import ids_dtype, map_file, release_pages
-from textio import SPECIAL_PIECES, iter_lines, read_json, sha256_file, write_json
+from textio import SPECIAL_PIECES, iter_lines, read_json, same_file, sha256_file, write_json
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
 MANIFEST_FORMAT = 2
@@ -121,6 +121,17 @@ def check_data_dir(data_dir):
     """Raise UserError if a file stands where the data directory should be."""
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"--data_dir {data_dir} is a file, not a directory")
+
+
+def check_inputs_kept(data_dir, inputs):
+    """Refuses input files ({flag: path or None}) that a build of ``data_dir`` would replace (a corpus's train.1
+    ... test.2 kept in the data dir itself): an input is never an output."""
+    outputs = [MANIFEST_NAME, BPE_MODEL, BPE_VOCAB] + [name for split in SPLITS for name in split_files(split).values()]
+    for flag, path in inputs.items():
+        replaced = next((name for name in outputs if path and same_file(path, Path(data_dir) / name)), None)
+        if replaced:
+            raise UserError(f"--{flag} {path} is {Path(data_dir) / replaced}, a file that prepro.py writes in "
+                            f"--data_dir {data_dir}: move the corpus out of {data_dir}, or pass another --data_dir")
 
 
 #: Prefix of the directory inside --data_dir where a build is written before publish moves it into place.

@@ -29,7 +29,7 @@ from corpora import FILE_FLAGS, SPLITS, file_splits, log
 from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from corpora.numbers import numbers_corpus
 from databuild import build_data_dir
-from datadir import MANIFEST_NAME, check_data_dir
+from datadir import MANIFEST_NAME, check_data_dir, check_inputs_kept
 from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
 from textio import SPECIAL_PIECES, check_writable_dir
 
@@ -161,6 +161,7 @@ def main(argv=None):
     started = time.monotonic()
     try:
         check_data_dir(data_dir)
+        check_inputs_kept(data_dir, {flag: getattr(args, flag) for flag in FILE_FLAGS.values()})
         check_writable_dir(data_dir, "data_dir")  # before a download or a build, which a read-only one would waste
         splits, sources, downloads = load_corpus(args, options, data_dir)
         manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force)

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import tempfile
 import unicodedata
 import uuid
@@ -28,27 +29,78 @@ SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_I
 # Atomic writes
 
 
+def reaches_an_open_file(path):
+    """Whether ``path`` is, or its symbolic links lead through, /proc/PID/fd/N (as /dev/stdout and /dev/fd/N do):
+    a file this process already has open, which its opener owns."""
+    path = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if os.path.realpath(os.path.dirname(path)).startswith("/proc/"):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
+
+
+def output_target(path):
+    """How an output at ``path`` is written: (the path to write, whether atomically). Every output of the toolkit
+    is written through this decision (atomic_file):
+      - a regular file, or a new one: replaced atomically (see atomic_file);
+      - a symbolic link: followed, its target replaced atomically and the link kept;
+      - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written directly,
+        never replaced, as the program that reads it expects."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)  # of the link's target
+    except FileNotFoundError:
+        regular = True  # a new file (or a dangling link's new target)
+    except OSError:
+        return str(path), False  # unreadable status: leave the path to open() and its own error
+    if not regular or reaches_an_open_file(path):
+        return str(path), False
+    return os.path.realpath(path), True
+
+
 @contextlib.contextmanager
 def atomic_file(path, text=False):
-    """Yields a new file object (binary, or UTF-8 text with '\\n' line endings) on a temporary file beside
-    ``path``; when the block ends, the file is fsynced and renamed into place, so that a reader (or a kill -9)
-    sees the old file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see
-    errors.run_cli) the temporary file is removed and the old file (if any) is untouched; a full disk is raised
-    as a DiskFull naming ``path``, another OSError of the temporary file as one naming ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with (open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb")) as handle:
+    """Yields a file object (binary, or UTF-8 text with '\\n' line endings) to write the output ``path`` with, as
+    output_target decides. A regular file is written on a temporary file beside it; when the block ends, the file is
+    fsynced and renamed into place (with the old file's permissions), so that a reader (or a kill -9) sees the old
+    file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see errors.run_cli) the
+    temporary file is removed and the old file (if any) is untouched. A device, FIFO or open file is opened and
+    written as it is. A full disk is raised as a DiskFull naming ``path``, another OSError of the temporary file as
+    one naming ``path``."""
+    target, atomic = output_target(path)
+    if not atomic:
+        with _naming(path, None), (open(target, "w", encoding="utf-8", newline="\n") if text
+                                   else open(target, "wb")) as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_path, path)
-    except BaseException as error:
+        return
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp_path = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with _naming(path, temp_path):
+            with open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(temp_path, stat.S_IMODE(os.stat(target).st_mode))  # the replaced file's permissions
+            os.replace(temp_path, target)
+    finally:
         temp_path.unlink(missing_ok=True)
-        if isinstance(error, OSError) and is_disk_full(error):
+
+
+@contextlib.contextmanager
+def _naming(path, temp_path):
+    """Raises an OSError of writing ``path`` (through temp_path, or directly when None) as one naming ``path``: a
+    DiskFull for a full disk."""
+    try:
+        yield
+    except OSError as error:
+        if is_disk_full(error):
             raise DiskFull(str(path), str(path)) from None
-        if isinstance(error, OSError) and error.filename == str(temp_path):  # name the file, not its temporary
+        if error.filename in (str(temp_path), None):  # name the file, not its temporary
             raise OSError(error.errno, error.strerror, str(path)) from None
         raise
 
@@ -79,8 +131,15 @@ def check_writable_dir(path, flag):
 
 def check_writable_file(path, flag):
     """Raises UserError unless ``path`` (given as --flag) names a file, not a directory, in an existing directory
-    that this process can write files in; creates nothing."""
-    path = Path(path)
+    that this process can write files in (a symbolic link: its target), or a device, FIFO or open file it may write
+    (see output_target); creates nothing."""
+    target, atomic = output_target(path)
+    if not atomic:
+        if not os.access(target, os.W_OK):
+            raise UserError(f"--{flag} {path}: this process may not write to it (permission denied); pass a path "
+                            "it may write")
+        return
+    path = Path(target)
     if path.is_dir():
         raise UserError(f"--{flag} {path} is a directory: name a file")
     if not path.parent.is_dir():
@@ -88,6 +147,23 @@ def check_writable_file(path, flag):
         raise UserError(f"--{flag} {path}: its directory {path.parent} {what}; create the directory or name a "
                         "file in one that exists")
     _probe(path.parent, flag, path)
+
+
+def check_not_an_input(output, flag, inputs):
+    """Raises UserError if the output ``output`` (given as --flag) is one of ``inputs`` ({flag: path}), through
+    links and other names: an input is never replaced by an output."""
+    for input_flag, path in inputs.items():
+        if path and same_file(output, path):
+            raise UserError(f"--{flag} {output} is the file given as --{input_flag} {path}: it would be replaced "
+                            f"by the output; pass another --{flag}")
+
+
+def same_file(first, second):
+    """Whether two paths name one existing file (through links, hard links and other names)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
 
 
 def _probe(directory, flag, path):

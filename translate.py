@@ -45,8 +45,8 @@ from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
 from model import ModelConfig, Transformer
 from modules import positional_encoding
-from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
-                    decode_lines)
+from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_not_an_input, check_writable_dir, check_writable_file,
+                    clean_line, decode_lines)
 from utils import postprocess
 
 tf1 = tf.compat.v1
@@ -102,6 +102,7 @@ def parse_args(argv):
     check_ranges(args, ("nbest",))
     if args.output:
         check_writable_file(args.output, "output")
+        check_not_an_input(args.output, "output", {"input": args.input})
     if args.plot_attention:
         check_writable_dir(args.plot_attention, "plot_attention")
     if args.nbest > hp.beam_size:

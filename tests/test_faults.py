@@ -10,8 +10,10 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -578,3 +580,73 @@ def test_prepro_refuses_a_vocabulary_without_room_for_text(tmp_path, capsys, voc
     line = one_line(capsys, "prepro.py", "--vocab_size", vocab_size, "--data_dir", tmp_path / "data")
     assert "--vocab_size %s is too small: the 4 special pieces" % vocab_size in line and "INTERNAL" not in line
 
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs never replace what is not theirs (textio.output_target)
+
+
+def read_in_thread(path_or_fd, chunks):
+    """A started thread that reads a FIFO (path) or a pipe's end (fd) to its end into chunks."""
+    def read():
+        with open(path_or_fd, "rb") as reader:
+            chunks.append(reader.read())
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_outputs_follow_links_and_write_devices_fifos_and_pipes_in_place(tiny_model, tmp_path, capsys):
+    logdir = tiny_model[0]
+    code, expected, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "eins", "zwei")
+    assert code == 0 and len(expected.splitlines()) == 2, err
+
+    def translate_to(output):
+        code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "eins", "zwei",
+                                        "--output", output)
+        assert code == 0 and out == "" and "Traceback" not in err, err
+
+    translate_to("/dev/null")
+    assert os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+    fifo, chunks = tmp_path / "fifo", []
+    os.mkfifo(fifo)
+    reader = read_in_thread(fifo, chunks)
+    translate_to(fifo)
+    reader.join(timeout=60)
+    assert chunks == [expected.encode()] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+    read_end, write_end = os.pipe()  # what a shell's >(cat) hands over: /dev/fd/N
+    reader = read_in_thread(read_end, chunks)
+    translate_to("/dev/fd/%d" % write_end)
+    os.close(write_end)
+    reader.join(timeout=60)
+    assert chunks[1] == expected.encode()
+
+    target, link = tmp_path / "kept" / "target.txt", tmp_path / "link.txt"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    translate_to(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == expected and stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "kept", "link.txt"] and os.listdir(target.parent) == [
+        "target.txt"]
+
+
+def test_an_input_is_never_an_output(tiny_model, tmp_path, capsys):
+    source = tmp_path / "source.txt"
+    source.write_text("eins\n")
+    (tmp_path / "alias.txt").symlink_to(source)
+    line = one_line(capsys, "translate.py", "--logdir", tiny_model[0], "--input", source, "--output",
+                    tmp_path / "alias.txt")
+    assert "--output %s is the file given as --input %s" % (tmp_path / "alias.txt", source) in line
+    data_dir = tmp_path / "data"
+    args = corpus_files(data_dir, NUMBERS)  # the corpus's train.1 ... test.2 inside --data_dir itself
+    before = {path.name: path.read_bytes() for path in data_dir.iterdir()}
+    line = one_line(capsys, "prepro.py", *args, "--vocab_size", "100", "--data_dir", data_dir)
+    assert "--train1 %s is %s, a file that prepro.py writes in --data_dir %s" % (
+        data_dir / "train.1", data_dir / "train.1", data_dir) in line
+    assert {path.name: path.read_bytes() for path in data_dir.iterdir()} == before
+    assert source.read_text() == "eins\n"
