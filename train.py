@@ -34,7 +34,7 @@ from datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, spl
 from decoding import DecodingSettings
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import Hparams, check_ranges, parse_flags
-from logdir import (HPARAMS_NAME, EventsFile, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
+from logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, checkpoint_state, find_checkpoint, is_averaged, load_trained_hparams,
                     logdir_lock, remove_partial_checkpoints, restore, save_hparams, save_variable_specs,
                     trained_data_dir)
 from model import ModelConfig, Transformer
@@ -54,6 +54,8 @@ def resolve_hparams(argv):
     trained_on = None
     if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
         hp, trained_on = load_trained_hparams(hp.logdir, given), trained_data_dir(hp.logdir)
+    else:
+        check_hparams_present(hp.logdir)
     check_ranges(hp)
     manifest = load_manifest(hp.data_dir, trained_on, hp.logdir, ("train", "eval"))
     if trained_on:

@@ -650,3 +650,30 @@ def test_an_input_is_never_an_output(tiny_model, tmp_path, capsys):
         data_dir / "train.1", data_dir / "train.1", data_dir) in line
     assert {path.name: path.read_bytes() for path in data_dir.iterdir()} == before
     assert source.read_text() == "eins\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Metadata is checked
+
+
+@pytest.mark.parametrize("key, name", [("bpe_model", "/etc/passwd"), ("raw2", "../../outside.txt"),
+                                       ("ids1", "sub/test.1.ids"), ("bpe_vocab", 7)])
+def test_manifest_paths_outside_the_data_dir_are_refused(model, capsys, key, name):
+    logdir, data_dir = model
+    manifest = json.loads((data_dir / MANIFEST_NAME).read_text())
+    entry = manifest if key.startswith("bpe_") else manifest["splits"]["test"]
+    entry[key] = name
+    (data_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
+    where = key if key.startswith("bpe_") else "splits.test." + key
+    line = one_line(capsys, "test.py", "--logdir", logdir)
+    assert "%s: %s is %s, not the name of a file inside %s" % (data_dir / MANIFEST_NAME, where, json.dumps(name),
+                                                              data_dir) in line
+
+
+def test_a_data_dir_rebuilt_under_a_model_says_so(model, tmp_path, capsys):
+    logdir, data_dir = model
+    assert prepro.main(["--n_train", "300", "--n_eval", "5", "--n_test", "5", "--vocab_size", "120", "--data_dir",
+                        str(data_dir), "--force"]) == 0
+    line = one_line(capsys, "test.py", "--logdir", logdir)
+    assert "%s is the data dir it was trained on, rebuilt since (prepro.py --force) with another vocabulary: the " \
+           "model's vocabulary is gone" % data_dir in line

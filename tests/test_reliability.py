@@ -782,15 +782,53 @@ def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_p
                 re.escape(str(broken_data / MANIFEST_NAME)), re.escape(str(broken_data)))):
             main(["--logdir", str(trained), "--data_dir", str(broken_data)])
 
-    broken_index = copy_logdir(trained, tmp_path / "index")
-    before = sorted(os.listdir(broken_index))
-    (broken_index / "checkpoint").write_text("model_checkpoint_path: \"E01")
-    good = Path(tf.train.latest_checkpoint(str(trained))).name
-    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", broken_index, "--max_steps", "30")
-    assert_one_error_line(code, err, "%s, the checkpoint index, is damaged" % (broken_index / "checkpoint"), good)
-    assert sorted(os.listdir(broken_index)) == before  # never a fresh start over the old checkpoints
-    with pytest.raises(UserError, match="the checkpoint index, is damaged"):
-        test_cli.main(["--logdir", str(broken_index)])
+
+
+#: How a logdir's checkpoint index gets lost or damaged.
+INDEX_DAMAGES = {"deleted": os.remove, "empty": lambda path: path.write_text(""),
+                 "cut short": lambda path: path.write_text("model_checkpoint_path: \"E01"),
+                 "garbage": lambda path: path.write_bytes(b"\xff\x00 {{")}
+
+
+@pytest.mark.parametrize("damage", INDEX_DAMAGES)
+def test_a_lost_checkpoint_index_is_rebuilt_from_the_checkpoints_on_disk(trained, tmp_path, capsys, damage):
+    logdir = copy_logdir(trained, tmp_path / "run")
+    good = tf.train.latest_checkpoint(str(trained))
+    for path in logdir.glob(Path(good).name + ".*"):  # an older checkpoint, written later: newest by step wins
+        shutil.copy(path, str(path).replace(Path(good).name, "zzz-3"))
+    INDEX_DAMAGES[damage](logdir / "checkpoint")
+    before = sorted(os.listdir(logdir))
+    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir)
+    assert code == 0 and "nothing to do: %s is at step 15" % logdir in out, err  # never a fresh start at step 0
+    assert "note: %s is missing or damaged; the checkpoints on disk are used, the newest %s" % (
+        logdir / "checkpoint", logdir / Path(good).name) in err
+    assert sorted(os.listdir(logdir)) == before
+    assert find_checkpoint(str(logdir)) == str(logdir / Path(good).name)
+
+
+#: Hand edits of hparams.json that leave a key missing or unknown, and the phrase of the line about each.
+KEY_EDITS = [(lambda saved: saved.pop("d_model"), "the key d_model is missing"),
+             (lambda saved: saved.update(dmodel=saved.pop("d_model")), "dmodel is not a key train.py writes"),
+             (lambda saved: saved.pop("data_dir"), "the key data_dir is missing")]
+
+
+def test_missing_or_unknown_hparams_keys_are_refused_before_anything_is_written(trained, tmp_path, capsys):
+    logdir = copy_logdir(trained, tmp_path / "run")
+    saved = json.loads((logdir / "hparams.json").read_text())
+    for edit, phrase in KEY_EDITS:
+        edited = dict(saved)
+        edit(edited)
+        (logdir / "hparams.json").write_text(json.dumps(edited))
+        before = {path.name: path.read_bytes() for path in logdir.iterdir() if path.is_file() and path.name != "train.lock"}
+        for name, main in (("train.py", train.main), ("test.py", test_cli.main)):
+            code, _, err = run_in_process(capsys, name, main, "--logdir", logdir)
+            assert_one_error_line(code, err, "%s: %s" % (logdir / "hparams.json", phrase))
+        assert {path.name: path.read_bytes() for path in logdir.iterdir() if path.is_file() and path.name != "train.lock"} == before
+    (logdir / "hparams.json").unlink()
+    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--data_dir", saved["data_dir"])
+    assert_one_error_line(code, err, "%s holds checkpoints (%s) but no hparams.json" % (
+        logdir, Path(tf.train.latest_checkpoint(str(trained))).name))
+    assert not (logdir / "hparams.json").exists()
 
 
 # ------------------------------------------------------------------------------------------------
