@@ -29,7 +29,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from corpora import SIDES, SPLITS, log
-from errors import UserError
+from errors import UserError, writing
 from idsfile import ids_dtype, map_file, release_pages
 from textio import SPECIAL_PIECES, iter_lines, read_json, same_file, sha256_file, write_json
 
@@ -146,7 +146,8 @@ def staging_dir(data_dir):
         shutil.rmtree(old, ignore_errors=True)
     path = Path(tempfile.mkdtemp(dir=data_dir, prefix=STAGING_PREFIX))
     try:
-        yield path
+        with writing(data_dir):
+            yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from errors import OneLineParser, run_cli  # noqa: E402
-from textio import atomic_file  # noqa: E402
+from textio import atomic_file, check_writable_dir  # noqa: E402
 
 #: Largest number of head panels side by side.
 MAX_COLUMNS = 4
@@ -79,6 +79,7 @@ def main(argv=None):
     parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in --logdir")
     parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate and draw")
     args = parser.parse_args(argv)
+    check_writable_dir(args.dir, "dir")
     import translate  # TensorFlow only once the command line is known to be good
     return translate.main(["--logdir", args.logdir, "--plot_attention", args.dir]
                           + (["--ckpt", args.ckpt] if args.ckpt else []) + ["--"] + args.sentences)

@@ -16,7 +16,7 @@ import uuid
 import zlib
 from pathlib import Path
 
-from errors import DiskFull, UserError, is_disk_full
+from errors import UserError, writing
 
 #: The ids every sentencepiece model of the toolkit is trained with (prepro.py) and every graph relies on.
 PAD_ID = 0
@@ -50,14 +50,16 @@ def output_target(path):
       - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written directly,
         never replaced, as the program that reads it expects."""
     try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)  # of the link's target
-    except FileNotFoundError:
-        regular = True  # a new file (or a dangling link's new target)
-    except OSError:
-        return str(path), False  # unreadable status: leave the path to open() and its own error
-    if not regular or reaches_an_open_file(path):
+        mode = os.stat(path).st_mode  # of the link's target
+    except OSError:  # a new file (or a dangling link's new target), or a path that the write will report
+        mode = stat.S_IFREG
+    if any(test(mode) for test in STREAMS) or reaches_an_open_file(path):
         return str(path), False
     return os.path.realpath(path), True
+
+
+#: The kinds of file that an output is written into as they are: devices, FIFOs and sockets.
+STREAMS = (stat.S_ISCHR, stat.S_ISBLK, stat.S_ISFIFO, stat.S_ISSOCK)
 
 
 @contextlib.contextmanager
@@ -71,15 +73,15 @@ def atomic_file(path, text=False):
     one naming ``path``."""
     target, atomic = output_target(path)
     if not atomic:
-        with _naming(path, None), (open(target, "w", encoding="utf-8", newline="\n") if text
-                                   else open(target, "wb")) as handle:
+        with writing(path), (open(target, "w", encoding="utf-8", newline="\n") if text
+                             else open(target, "wb")) as handle:
             yield handle
         return
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     temp_path = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
-        with _naming(path, temp_path):
+        with writing(path, temporary=temp_path):
             with open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb") as handle:
                 yield handle
                 handle.flush()
@@ -89,20 +91,6 @@ def atomic_file(path, text=False):
             os.replace(temp_path, target)
     finally:
         temp_path.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _naming(path, temp_path):
-    """Raises an OSError of writing ``path`` (through temp_path, or directly when None) as one naming ``path``: a
-    DiskFull for a full disk."""
-    try:
-        yield
-    except OSError as error:
-        if is_disk_full(error):
-            raise DiskFull(str(path), str(path)) from None
-        if error.filename in (str(temp_path), None):  # name the file, not its temporary
-            raise OSError(error.errno, error.strerror, str(path)) from None
-        raise
 
 
 def atomic_write(path, data):

@@ -99,6 +99,9 @@ def parse_args(argv):
         runtime.resolve_precision(hp)
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
+    if not (args.sentences or args.input) and sys.stdin is None:
+        raise UserError("standard input is closed and no sentences are given: give sentences as arguments, "
+                        "--input FILE, or text on standard input")
     check_ranges(args, ("nbest",))
     if args.output:
         check_writable_file(args.output, "output")

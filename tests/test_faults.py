@@ -7,6 +7,7 @@ process of its own. Tests that change a model or data dir change a copy of the s
 """
 import errno
 import json
+import re
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ import test as test_cli
 import train
 import translate
 from datadir import MANIFEST_NAME
+from errors import UserError
 from model import ModelConfig
 from in_process import run_in_process
 
@@ -214,7 +216,7 @@ def path_cases(logdir, data_dir, tmp):
         ("translate.py", [*decode, "--output", tmp], "--output %s is a directory: name a file" % tmp),
         ("translate.py", [*decode, "--output", a_file / "out.txt"], "its directory %s is a file" % a_file),
         ("translate.py", [*decode, "--plot_attention", a_file], "--plot_attention %s: %s is a file" % (a_file, a_file)),
-        ("plot_attention.py", ["--logdir", logdir, "--dir", a_file / "x", "eins"], "--plot_attention %s: %s, above"
+        ("plot_attention.py", ["--logdir", logdir, "--dir", a_file / "x", "eins"], "--dir %s: %s, above"
          % (a_file / "x", a_file)),
         ("test.py", ["--logdir", logdir, "--testdir", a_file], "--testdir %s: %s is a file" % (a_file, a_file)),
         ("test.py", ["--logdir", logdir, "--testdir", a_file / "sub" / "dir"], "%s, above" % a_file),
@@ -677,3 +679,79 @@ def test_a_data_dir_rebuilt_under_a_model_says_so(model, tmp_path, capsys):
     line = one_line(capsys, "test.py", "--logdir", logdir)
     assert "%s is the data dir it was trained on, rebuilt since (prepro.py --force) with another vocabulary: the " \
            "model's vocabulary is gone" % data_dir in line
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors of the libraries underneath are one line, by what the tool was doing and on which path
+
+
+def test_a_truncated_checkpoint_is_one_line_for_avg_checkpoints(model, capsys):
+    logdir, _ = model
+    ckpt = tf.train.latest_checkpoint(str(logdir))
+    data = Path(ckpt + ".data-00000-of-00001")
+    os.truncate(data, data.stat().st_size // 2)
+    line = one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1")
+    assert "cannot read checkpoint %s (" % ckpt in line and "it is damaged" in line
+    assert not list(logdir.glob("avg_*"))
+
+
+def test_a_full_disk_names_the_path_and_its_disks_free_space(model, tmp_path, capsys, monkeypatch):
+    from errors import os_error_line, writing
+    with pytest.raises(UserError) as error, writing(tmp_path / "out", "the output"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write() names no file
+    assert re.fullmatch(r"no space left on the device while writing the output \([\d.]+ MB free on %s\)"
+                        % re.escape(str(tmp_path)), str(error.value))
+    assert os_error_line(OSError(errno.ENOSPC, "x")) == ("no space left on the device: free some space and run the "
+                                                         "same command again")  # never another disk's free space
+    logdir, _ = model
+
+    def save_on_a_full_disk(saver, sess, prefix, global_step, **kwargs):
+        Path("%s-%d.data-00000-of-00001.tempstate99" % (prefix, global_step)).write_bytes(b"half")
+        raise tf.errors.ResourceExhaustedError(None, None, "Graph execution error:\n\nDetected at node save/Save\n"
+                                                           "%s_temp/part-00000; No space left on device" % prefix)
+
+    monkeypatch.setattr(tf.compat.v1.train.Saver, "save", save_on_a_full_disk)
+    before = sorted(os.listdir(logdir))
+    line = one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1")
+    assert re.fullmatch(r"error: no space left on the device while writing the checkpoint avg_last1-60 \([\d.]+ MB "
+                        r"free on %s\)" % re.escape(str(logdir)), line), line
+    assert sorted(os.listdir(logdir)) == before
+
+
+def test_closed_standard_input_bad_bytes_and_byte_order_marks_in_arguments(tiny_model, tmp_path, capsys):
+    logdir = tiny_model[0]
+    result = subprocess.run([sys.executable, "translate.py", "--logdir", logdir], cwd=ROOT, capture_output=True,
+                            text=True, preexec_fn=lambda: os.close(0), timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr and errors == [
+        "error: standard input is closed and no sentences are given: give sentences as arguments, --input FILE, or "
+        "text on standard input"], result.stderr
+    bad = os.fsdecode(b"zw\xffei")  # how Python hands over an argument that is not UTF-8
+    for tool, args in (("translate.py", ["--logdir", logdir, "eins", bad]),
+                       ("prepro.py", ["--data_dir", bad])):
+        assert "is not valid UTF-8 (byte 0xff at byte column 3)" in one_line(capsys, tool, *args), tool
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "eins",
+                                    "\ufeffeins", "ei\ufeffns")
+    assert code == 0 and len(set(out.splitlines())) == 1 and "<unk>" not in err and "vocabulary" not in err, (out,
+                                                                                                             err)
+
+
+def test_a_read_only_checkout_falls_back_to_tensorflows_ops(tmp_path, monkeypatch):
+    import kernels
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    monkeypatch.setattr(kernels, "BUILD_DIR", str(a_file / "build"))  # as unwritable as a read-only checkout
+    kernels.load.cache_clear()
+    try:
+        choice, note = kernels.choose_kernels("auto", has_gpu=False)
+    finally:
+        kernels.load.cache_clear()
+    assert choice == "tf" and note == ("kernels auto: TensorFlow's ops (the fused CPU kernels are unavailable: cannot "
+                                       "write the build in %s (Not a directory))" % (a_file / "build"))
+
+
+def test_a_lost_worker_is_one_line():
+    from errors import error_line
+    line = error_line(tf.errors.UnavailableError(None, None, "Collective ops is aborted by: Socket closed\nmore"))
+    assert line == ("another worker of the cluster is gone (Collective ops is aborted by: Socket closed): the chief's "
+                    "last checkpoint is intact; restart every worker with the same command to resume from it")
