@@ -156,6 +156,7 @@ def main(argv=None):
     if "global_step" not in values:
         raise UserError("%s has no global_step: is it a checkpoint of train.py?" % checkpoints[-1])
     with logdir_lock(args.logdir, "avg_checkpoints.py"):  # train.py's Saver writes the same checkpoint index
+        remove_partial_checkpoints(args.logdir)  # what a killed save left (*.tempstate*)
         prefix = "%s-%d" % (os.path.join(args.logdir, args.output), values["global_step"])
         try:
             with writing(prefix, "the checkpoint %s" % os.path.basename(prefix)):

@@ -22,13 +22,12 @@ failed rebuild (--force) leaves the previous build usable.
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import sentencepiece as spm
 
 from corpora import SIDES, SPLITS, log
+import textio
 from errors import UserError, writing
 from idsfile import ids_dtype, map_file, release_pages
 from textio import SPECIAL_PIECES, iter_lines, read_json, same_file, sha256_file, write_json
@@ -140,16 +139,13 @@ STAGING_PREFIX = ".build-"
 
 @contextlib.contextmanager
 def staging_dir(data_dir):
-    """A new empty directory inside ``data_dir`` to build in, removed afterwards with whatever is left in it;
-    those of earlier builds that were killed are removed first."""
-    for old in Path(data_dir).glob(STAGING_PREFIX + "*"):
-        shutil.rmtree(old, ignore_errors=True)
-    path = Path(tempfile.mkdtemp(dir=data_dir, prefix=STAGING_PREFIX))
-    try:
-        with writing(data_dir):
-            yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+    """A new empty directory inside ``data_dir`` to build in (textio.staging_dir: those of killed builds are removed
+    first), while this process holds the data dir's lock: a second prepro.py on it is refused at once, and never
+    removes the staging of the first. A full disk is a line naming data_dir and its free space."""
+    busy = f"{data_dir} is being built by another prepro.py: wait for it to end, stop it, or pass another --data_dir"
+    with textio.exclusive_lock(str(data_dir), None, lambda holder: busy), writing(data_dir), \
+            textio.staging_dir(data_dir, STAGING_PREFIX) as path:
+        yield path
 
 
 def publish(staging, data_dir, manifest):

@@ -13,29 +13,26 @@ half-written (a checkpoint's temporary files, a dead reader's pins, a torn summa
 here too.
 """
 import contextlib
-import fcntl
 import functools
 import glob
 import json
 import os
 import re
 import shutil
-import socket
 import struct
 import sys
 import tempfile
-import time
 from argparse import Namespace
 
 import numpy as np
 import tensorflow as tf
 
 import datadir
-from errors import DiskFull, UserError, is_disk_full
+from errors import UserError
 from hparams import (LEGACY_VALUES, MODEL_FLAGS, RECORDED_TYPES, Hparams, check_ranges, range_error,
                      type_error)
 from model import SCHEDULE_TOTAL_STEPS
-from textio import atomic_write, read_json
+from textio import atomic_write, exclusive_lock, process_description, read_json, remove_stale
 
 tf1 = tf.compat.v1
 
@@ -51,26 +48,10 @@ def logdir_lock(logdir, tool="train.py"):
     processes never write one logdir: a second one is refused with a UserError naming the process that holds the
     lock. The kernel releases the lock when the process ends however it ends (SIGKILL too), so a lock file left
     behind never blocks a later run. Readers (test.py, translate.py, export.py) take no lock."""
-    path = os.path.join(logdir, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
-            raise UserError("%s is being written by %s: wait for it to end, stop it, or use another --logdir"
-                            % (logdir, holder)) from None
-        holder = "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(),
-                                                         time.strftime("%Y-%m-%d %H:%M:%S"))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+    with exclusive_lock(os.path.join(logdir, LOCK_NAME), process_description(tool),
+                        lambda holder: "%s is being written by %s: wait for it to end, stop it, or use another "
+                                       "--logdir" % (logdir, holder)):
         yield
-    except OSError as error:
-        if is_disk_full(error):
-            raise DiskFull(path, path) from None
-        raise
-    finally:
-        os.close(fd)  # releases the lock
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,14 +377,7 @@ def pinned_checkpoint(ckpt):
 
 def remove_stale_pins(logdir):
     """Deletes the pinned_checkpoint directories of readers that died before removing them (killed)."""
-    for path in glob.glob(os.path.join(glob.escape(logdir), PIN_PREFIX + "*")):
-        pid = os.path.basename(path)[len(PIN_PREFIX):].split("-")[0]
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, OSError):  # not ours, or a process of another user: still alive
-            pass
+    remove_stale(logdir, PIN_PREFIX)
 
 
 def remove_partial_checkpoints(logdir, prefix=None):

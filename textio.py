@@ -4,13 +4,19 @@ Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n'
 '\\r\\n', a missing final newline, a byte-order mark and gzip compression.
 """
 import contextlib
+import fcntl
+import glob
 import gzip
 import hashlib
 import io
 import json
 import os
+import re
+import shutil
+import socket
 import stat
 import tempfile
+import time
 import unicodedata
 import uuid
 import zlib
@@ -79,6 +85,7 @@ def atomic_file(path, text=False):
         return
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, f".{target.name}.", ".tmp")
     temp_path = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         with writing(path, temporary=temp_path):
@@ -91,6 +98,73 @@ def atomic_file(path, text=False):
             os.replace(temp_path, target)
     finally:
         temp_path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Staging, what killed runs left, and locks: the one mechanism of every tool that writes
+
+
+def process_alive(pid):
+    """Whether a process of this machine has the id pid (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(directory, prefix, suffix=""):
+    """Removes what a process killed before its cleanup left in ``directory``: the files and directories named
+    PREFIX<PID>...SUFFIX (staging_dir's, atomic_file's, a checkpoint reader's pins) whose process PID is gone."""
+    for path in glob.glob(os.path.join(glob.escape(str(directory)), glob.escape(prefix) + "*" + suffix)):
+        pid = re.match(r"\d+", os.path.basename(path)[len(prefix):])
+        if pid and not process_alive(int(pid.group())):
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+
+
+@contextlib.contextmanager
+def staging_dir(parent, prefix):
+    """A new empty directory PARENT/PREFIX<PID>-XXXX to build an output in before it is renamed into place (a data
+    dir's build, an export), removed with whatever is left in it when the block ends; those of killed runs
+    (remove_stale) are removed first."""
+    remove_stale(parent, prefix)
+    path = Path(tempfile.mkdtemp(dir=parent, prefix="%s%d-" % (prefix, os.getpid())))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, holder, busy):
+    """Holds an exclusive lock (fcntl.flock) on ``path`` while the block runs, so that two processes never write
+    one directory: path is a lock file (created if missing) into which ``holder``, a description of this process, is
+    written for others to read, or a directory itself (nothing is written). When another process holds it,
+    raises UserError(busy(its description or "another process")) at once. The kernel releases the lock when the
+    process ends however it ends (SIGKILL too), so nothing left behind ever blocks a later run."""
+    directory = os.path.isdir(path)
+    with writing(path):
+        fd = os.open(path, os.O_RDONLY if directory else os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = "" if directory else os.pread(fd, 1000, 0).decode("utf-8", "replace").strip()
+            raise UserError(busy(other or "another process")) from None
+        if not directory:
+            with writing(path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def process_description(tool):
+    """"TOOL process PID on HOST since TIME", for a lock's holder."""
+    return "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 def atomic_write(path, data):

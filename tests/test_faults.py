@@ -755,3 +755,50 @@ def test_a_lost_worker_is_one_line():
     line = error_line(tf.errors.UnavailableError(None, None, "Collective ops is aborted by: Socket closed\nmore"))
     assert line == ("another worker of the cluster is gone (Collective ops is aborted by: Socket closed): the chief's "
                     "last checkpoint is intact; restart every worker with the same command to resume from it")
+
+
+# ------------------------------------------------------------------------------------------------
+# One mechanism for staging, what killed runs left, and locks (textio)
+
+
+def dead_pid():
+    """A process id that no process has (above the kernel's largest)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+
+
+def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsys):
+    from textio import atomic_write
+    logdir, _ = model
+    dead, live = dead_pid(), os.getpid()
+    (logdir / "avg_last1-60.data-00000-of-00001.tempstate123").write_bytes(b"half")  # a killed save's
+    code, _, err = run_in_process(capsys, "avg_checkpoints.py", avg_checkpoints.main, "--logdir", logdir, "--last",
+                                  "1")
+    assert code == 0 and not list(logdir.glob("*.tempstate*")) and (logdir / "avg_last1-60.index").exists(), err
+    exports = tmp_path / "exports"
+    for pid in (dead, live):
+        (exports / (".tmp-export-%d-x" % pid) / "model").mkdir(parents=True)
+    code, _, err = run_in_process(capsys, "export.py", export.main, "--logdir", logdir, "--export_dir",
+                                  exports / "model")
+    assert code == 0, err
+    assert sorted(os.listdir(exports)) == [".tmp-export-%d-x" % live, "model"]
+    for pid in (dead, live):
+        (tmp_path / (".out.txt.%d.abc.tmp" % pid)).write_text("half")
+    atomic_write(tmp_path / "out.txt", "whole\n")
+    assert sorted(name for name in os.listdir(tmp_path) if "out.txt" in name) == [".out.txt.%d.abc.tmp" % live,
+                                                                                 "out.txt"]
+
+
+def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
+    from datadir import staging_dir
+    data = tmp_path / "data"
+    data.mkdir()
+    with staging_dir(data) as staging:  # another prepro.py building it
+        (staging / "train.1").write_text("being written\n")
+        line = one_line(capsys, "prepro.py", "--n_train", "50", "--n_eval", "5", "--n_test", "5", "--vocab_size",
+                        "60", "--data_dir", data)
+        assert line == "error: %s is being built by another prepro.py: wait for it to end, stop it, or pass another " \
+                       "--data_dir" % data
+        assert (staging / "train.1").read_text() == "being written\n"
+    assert prepro.main(["--n_train", "50", "--n_eval", "5", "--n_test", "5", "--vocab_size", "60", "--data_dir",
+                        str(data)]) == 0
+    assert not list(data.glob(".build-*"))
