@@ -180,12 +180,12 @@ def test_an_interruption_before_the_first_step_saves_nothing(tiny_model, tmp_pat
 
     def signalled_at_once(self):
         real_enter(self)
-        self.signal = "SIGTERM"
+        self.signal, self.signum = "SIGTERM", signal.SIGTERM
         return self
 
     monkeypatch.setattr(train.StopRequest, "__enter__", signalled_at_once)
     code, out, err = run_in_process(capsys, "train.py", train.main, *fresh_train(tiny_model[1], tmp_path / "run")[1:])
-    assert code == 0 and "SIGTERM: stopped before the first step; nothing to save" in out, err
+    assert code == 128 + signal.SIGTERM and "SIGTERM: stopped before the first step; nothing to save" in out, err
     assert not list((tmp_path / "run").glob("*.index")) and not (tmp_path / "run" / "checkpoint").exists()
 
 

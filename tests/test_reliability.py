@@ -248,7 +248,7 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
         first.wait_for_step(3, steps_per_epoch)
         first.process.send_signal(signal.SIGINT)
         code, out = first.finish()
-    assert code == 0, out
+    assert code == 128 + signal.SIGINT, out
     name, ckpt, step = SAVED.search(out).groups()
     step = int(step)
     assert name == "SIGINT" and ckpt == str(tmp_path / "run" / ("interrupted-%d" % step)) and step >= 3
@@ -262,7 +262,7 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
         second.wait_for_step(max(step + 3, 11), steps_per_epoch)
         second.process.send_signal(signal.SIGTERM)
         code, out = second.finish()
-    assert code == 0, out
+    assert code == 128 + signal.SIGTERM, out
     name, ckpt, step = SAVED.search(out).groups()
     step = int(step)
     epoch, epoch_step = read_checkpoint(ckpt)["training_state"]
@@ -277,6 +277,38 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
     assert code == 0, err
     assert RESUMED.search(out).groups() == (ckpt, str(step), str(epoch + 1))
     assert "done: step %d" % (step + 2) in out
+
+
+@pytest.mark.parametrize("signum, where", [(signal.SIGINT, "dev decode"), (signal.SIGTERM, "save")])
+def test_a_stop_during_a_dev_decode_or_a_save_is_acknowledged_and_saves_one_checkpoint(trained, tmp_path, capfd,
+                                                                                        monkeypatch, signum, where):
+    """The signal arrives in the middle of the dev decode of epoch 2 (which is abandoned at once) or of the save
+    after it (which is finished): one line says so, the weights of step 30 are saved once, and the exit code is the
+    signal's."""
+    logdir = copy_logdir(trained, tmp_path / "run")
+    target, name = (train, "get_hypotheses") if where == "dev decode" else (tf1.train.Saver, "save")
+    real = getattr(target, name)
+    decoded = []
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        decoded.append(where)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, signalled)
+    code, out, err = run_in_process(capfd, "train.py", train.main, "--logdir", logdir, "--max_steps", "40",
+                                    "--lr_schedule", "noam", "--eval_every", "1")
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, err
+    doing = ("abandoning the dev evaluation, saving the checkpoint of step 30" if where == "dev decode" else
+             "finishing the checkpoint being saved")
+    assert err.count("%s: %s, then stopping" % (name, doing)) == 1, err
+    assert decoded == ([] if where == "dev decode" else [where]), "the decode went on after the signal"
+    saved = sorted(path.name for path in logdir.glob("*-30.index"))
+    assert len(saved) == 1 and not saved[0].startswith("interrupted"), saved
+    assert re.search(r"^%s: saved %s at step 30; run the same command to resume$" % (
+        name, re.escape(str(logdir / saved[0][:-len(".index")]))), out, re.M), out
+    assert not (logdir / "dev" / "epoch02.txt").exists() if where == "dev decode" else "_B" in saved[0]
 
 
 def checkpoint_files_being_written(logdir):
