@@ -152,6 +152,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is so that its `finally` blocks and atomic writes clean up as for Ctrl-C."""
 
 
+def interrupted_exit_code(interrupt):
+    """The exit code of a tool ended by a KeyboardInterrupt: 143 for SIGTERM (Terminated), 130 for Ctrl-C."""
+    return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
+
+
 def _terminate(signum, frame):
     raise Terminated()
 
@@ -185,7 +190,7 @@ def run_cli(main):
         sys.exit(USER_ERROR_EXIT_CODE)
     except KeyboardInterrupt as interrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT))
+        sys.exit(interrupted_exit_code(interrupt))
     finally:
         signal.signal(signal.SIGTERM, previous)
 

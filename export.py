@@ -106,14 +106,14 @@ def save_model(sess, export_dir, inputs, outputs, asset):
             signature_def_map={tf1.saved_model.signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signature},
             assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS), strip_default_attrs=True)
         builder.save()
-        os.replace(os.path.join(tmp, "model"), export_dir)
+        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))  # a link to a directory: followed
 
 
 @contextlib.contextmanager
 def export_staging(export_dir):
     """The staging directory of an export, beside export_dir (textio.staging_dir: those of killed exports are
     removed first); a full disk is a line naming export_dir and its free space."""
-    parent = os.path.dirname(os.path.abspath(export_dir))
+    parent = os.path.dirname(os.path.realpath(export_dir))
     os.makedirs(parent, exist_ok=True)
     with writing(export_dir), staging_dir(parent, ".tmp-export-") as tmp:
         yield tmp
@@ -133,7 +133,7 @@ def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
         with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile
             weights = ctranslate2_engine.checkpoint_weights(path)
         ctranslate2_engine.write_model(weights, hp, bpe_model, os.path.join(tmp, "model"), quantization, settings)
-        os.replace(os.path.join(tmp, "model"), export_dir)
+        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))  # a link to a directory: followed
     return ckpt
 
 

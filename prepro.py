@@ -30,7 +30,8 @@ from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, mult
 from corpora.numbers import numbers_corpus
 from databuild import build_data_dir
 from datadir import MANIFEST_NAME, check_data_dir, check_inputs_kept
-from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
+from errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, interrupted_exit_code, report,
+                    run_cli)
 from textio import SPECIAL_PIECES, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
@@ -171,9 +172,9 @@ def main(argv=None):
             raise
         report(line)
         return USER_ERROR_EXIT_CODE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print(f"prepro.py: interrupted; {data_dir} has no new manifest, run again to finish", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(interrupt)
     counts = ", ".join(f"{split} {manifest['splits'][split]['lines']}" for split in SPLITS)
     log(f"done: {data_dir} ({manifest['dataset']}, vocab {manifest['vocab_size']}, {counts} pairs) "
         f"in {time.monotonic() - started:.1f} s")

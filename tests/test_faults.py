@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
+import databuild
 import export
 import hparams
 import logdir as logdir_tools
@@ -777,15 +778,29 @@ def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsy
     exports = tmp_path / "exports"
     for pid in (dead, live):
         (exports / (".tmp-export-%d-x" % pid) / "model").mkdir(parents=True)
+    (exports / "model").mkdir()
+    (tmp_path / "link").symlink_to(exports / "model")  # an --export_dir given through a link: followed
     code, _, err = run_in_process(capsys, "export.py", export.main, "--logdir", logdir, "--export_dir",
-                                  exports / "model")
+                                  tmp_path / "link")
     assert code == 0, err
     assert sorted(os.listdir(exports)) == [".tmp-export-%d-x" % live, "model"]
+    assert (tmp_path / "link").is_symlink() and (exports / "model" / "saved_model.pb").exists()
     for pid in (dead, live):
         (tmp_path / (".out.txt.%d.abc.tmp" % pid)).write_text("half")
     atomic_write(tmp_path / "out.txt", "whole\n")
     assert sorted(name for name in os.listdir(tmp_path) if "out.txt" in name) == [".out.txt.%d.abc.tmp" % live,
                                                                                  "out.txt"]
+
+
+def test_sigterm_during_a_build_ends_prepro_with_143_and_no_staging(tmp_path, capsys, monkeypatch):
+    from errors import Terminated
+
+    def terminated(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr(databuild, "write_bpe_model", terminated)
+    code, _, err = run_in_process(capsys, "prepro.py", prepro.main, "--n_train", "50", "--data_dir", tmp_path / "d")
+    assert code == 128 + signal.SIGTERM and "interrupted" in err and os.listdir(tmp_path / "d") == [], err
 
 
 def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
