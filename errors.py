@@ -178,7 +178,8 @@ def run_cli(main):
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         code = main()
-        sys.stdout.flush()  # here, not at exit: a closed pipe must end in the handler below
+        if sys.stdout is not None:  # None: started with it closed (1>&-), where print() writes nothing
+            sys.stdout.flush()  # here, not at exit: a closed pipe must end in the handler below
         sys.exit(code)
     except BrokenPipeError:
         end_quietly_on_a_closed_pipe()

@@ -102,6 +102,9 @@ def parse_args(argv):
     if not (args.sentences or args.input) and sys.stdin is None:
         raise UserError("standard input is closed and no sentences are given: give sentences as arguments, "
                         "--input FILE, or text on standard input")
+    if not args.output and sys.stdout is None:
+        raise UserError("standard output is closed: pass --output FILE, or let the translations go to standard "
+                        "output")
     check_ranges(args, ("nbest",))
     if args.output:
         check_writable_file(args.output, "output")

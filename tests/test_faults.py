@@ -727,6 +727,10 @@ def test_closed_standard_input_bad_bytes_and_byte_order_marks_in_arguments(tiny_
     assert result.returncode == 2 and "Traceback" not in result.stderr and errors == [
         "error: standard input is closed and no sentences are given: give sentences as arguments, --input FILE, or "
         "text on standard input"], result.stderr
+    result = subprocess.run([sys.executable, "translate.py", "--logdir", logdir, "eins"], cwd=ROOT, stdout=None,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == "error: standard output is closed: pass --output " \
+                                                               "FILE, or let the translations go to standard output"
     bad = os.fsdecode(b"zw\xffei")  # how Python hands over an argument that is not UTF-8
     for tool, args in (("translate.py", ["--logdir", logdir, "eins", bad]),
                        ("prepro.py", ["--data_dir", bad])):
@@ -817,3 +821,31 @@ def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
     assert prepro.main(["--n_train", "50", "--n_eval", "5", "--n_test", "5", "--vocab_size", "60", "--data_dir",
                         str(data)]) == 0
     assert not list(data.glob(".build-*"))
+
+
+def test_how_each_kind_of_output_path_is_written(tmp_path):
+    from textio import output_target
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "new" / "target")
+    os.mkfifo(tmp_path / "fifo")
+    read_end, write_end = os.pipe()
+    try:
+        assert output_target(tmp_path / "file") == (str(tmp_path / "file"), True)
+        assert output_target(tmp_path / "link") == (str(tmp_path / "file"), True)
+        assert output_target(tmp_path / "dangling") == (str(tmp_path / "new" / "target"), True)
+        assert output_target(tmp_path / "none") == (str(tmp_path / "none"), True)
+        for path in (tmp_path / "fifo", "/dev/null", "/dev/fd/%d" % write_end, "/proc/self/fd/%d" % write_end):
+            assert output_target(path) == (str(path), False), path
+        handle = os.open(tmp_path / "file", os.O_WRONLY)  # /dev/fd/N of a regular file: the opener's, not replaced
+        assert output_target("/dev/fd/%d" % handle) == ("/dev/fd/%d" % handle, False)
+        os.close(handle)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_translate_output_dev_stdout_writes_standard_output(tiny_model, capfd):
+    code, out, err = run_in_process(capfd, "translate.py", translate.main, "--logdir", tiny_model[0], "eins",
+                                    "--output", "/dev/stdout")
+    assert code == 0 and len(out.splitlines()) == 1 and os.path.islink("/dev/stdout"), err
