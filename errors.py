@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import shutil
 import signal
 import sys
@@ -142,10 +143,14 @@ def lost_worker_line(error):
     was killed, or its host went down); None for any other error."""
     if not is_tensorflow_error(error, "UnavailableError"):
         return None
-    first = next((line.strip() for line in str(getattr(error, "message", "") or error).splitlines() if line.strip()),
-                 "")
+    lines = [line.strip() for line in str(getattr(error, "message", "") or error).splitlines() if line.strip()]
+    cause = next((line for line in lines if LOST_CONNECTION.search(line)), lines[0] if lines else "")
     return ("another worker of the cluster is gone (%s): the chief's last checkpoint is intact; restart every worker "
-            "with the same command to resume from it" % first[:200])
+            "with the same command to resume from it" % cause[:200])
+
+
+#: What the line of a collective's error that says why it failed speaks of (gRPC's words).
+LOST_CONNECTION = re.compile(r"(?i)socket closed|connection|unavailable|aborted by|failed to connect|unreachable")
 
 
 class Terminated(KeyboardInterrupt):

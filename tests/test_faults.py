@@ -757,7 +757,9 @@ def test_a_read_only_checkout_falls_back_to_tensorflows_ops(tmp_path, monkeypatc
 
 def test_a_lost_worker_is_one_line():
     from errors import error_line
-    line = error_line(tf.errors.UnavailableError(None, None, "Collective ops is aborted by: Socket closed\nmore"))
+    line = error_line(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nDetected at node 'x' defined "
+                                                             "at (most recent call last):\n  File \"train.py\"\n"
+                                                             "Collective ops is aborted by: Socket closed\nmore"))
     assert line == ("another worker of the cluster is gone (Collective ops is aborted by: Socket closed): the chief's "
                     "last checkpoint is intact; restart every worker with the same command to resume from it")
 
