@@ -1,4 +1,5 @@
-"""Vocabulary ids and text I/O shared by every tool: the fixed special ids, reading lines, cleaning, atomic writes.
+"""Vocabulary ids and text I/O shared by every tool: the fixed special ids, reading lines, cleaning, and how every
+output is written (atomic writes, output_target), staged, cleaned up after a killed run and locked.
 
 Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings; reading accepts
 '\\r\\n', a missing final newline, a byte-order mark and gzip compression.

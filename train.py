@@ -4,7 +4,8 @@
 
 Every epoch: translate the whole dev set, compute BLEU, write summaries and a checkpoint named after the epoch,
 loss and BLEU. Started again with the same logdir, it resumes from the latest checkpoint at the same global step,
-epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first; a non-finite loss, weights or dev
+epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first (once per step; a dev decode is
+abandoned) and exits 130 / 143; a non-finite loss, weights or dev
 decoding scores stop training without saving over the last good checkpoint, and so does a full disk. One train.py
 at a time trains a logdir (LOGDIR/train.lock).
 """

@@ -21,7 +21,8 @@ LINE counted from 0, best first). Notes go to standard error:
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is translated;
     on standard input such a line gives an empty translation and a note, and translation goes on.
 --output FILE is written beside FILE and renamed into place when translation ends: an interrupted run leaves the
-old FILE (if any) as it was. --output and --plot_attention are checked before the model is loaded.
+old FILE (if any) as it was. A link is followed (its target replaced); a device, FIFO, /dev/stdout or /dev/fd/N is
+written directly; the --input file is never an output. --output and --plot_attention are checked before the model is loaded.
 --plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE counted
 from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last decoder block.
 """
