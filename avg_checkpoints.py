@@ -16,6 +16,7 @@ data stay consistent with one another, so it restores wherever a checkpoint of t
 The last N are counted among train.py's checkpoints only: averaged checkpoints (names starting with avg_) are
 never averaged again. They are for testing and translating, not for resuming training.
 """
+import contextlib
 import os
 
 import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
@@ -23,8 +24,9 @@ import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 import numpy as np
 import tensorflow as tf
 
-from errors import OneLineParser, UserError, run_cli
-from logdir import AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock
+from errors import DiskFull, OneLineParser, UserError, run_cli, writing
+from logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock,
+                    remove_partial_checkpoints)
 from textio import check_writable_dir
 
 tf1 = tf.compat.v1
@@ -92,6 +94,17 @@ def check_same_variables(expected, found, expected_ckpt, found_ckpt):
                         % (found_ckpt, expected_ckpt, len(differences), ", ".join(differences[:3])))
 
 
+@contextlib.contextmanager
+def reading(ckpt):
+    """A checkpoint whose tensors can not be read (a .data file cut short, damaged) is a UserError naming it."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 (the reader raises OpError, IndexError, ... depending on the damage)
+        raise UserError("cannot read checkpoint %s (%s): it is damaged; average other checkpoints (a smaller --last) "
+                        "or delete it" % (ckpt, (str(error).strip().splitlines() or [type(error).__name__])[0][:200])) \
+            from None
+
+
 def average(checkpoints):
     """checkpoints: paths, oldest first. Returns {name: numpy value}: model weights averaged over all of them
     (summed in float64), every other variable taken from the newest."""
@@ -100,9 +113,11 @@ def average(checkpoints):
     for ckpt in checkpoints:
         reader, found = open_checkpoint(ckpt)
         check_same_variables(variables, found, checkpoints[-1], ckpt)
-        for name, total in sums.items():
-            total += reader.get_tensor(name)
-    values = {name: newest.get_tensor(name) for name in variables if name not in sums}
+        with reading(ckpt):
+            for name, total in sums.items():
+                total += reader.get_tensor(name)
+    with reading(checkpoints[-1]):
+        values = {name: newest.get_tensor(name) for name in variables if name not in sums}
     values.update({name: (total / len(checkpoints)).astype(variables[name][1].as_numpy_dtype)
                    for name, total in sums.items()})
     return values
@@ -141,8 +156,15 @@ def main(argv=None):
     if "global_step" not in values:
         raise UserError("%s has no global_step: is it a checkpoint of train.py?" % checkpoints[-1])
     with logdir_lock(args.logdir, "avg_checkpoints.py"):  # train.py's Saver writes the same checkpoint index
-        ckpt = write_checkpoint(values, os.path.join(args.logdir, args.output), int(values["global_step"]))
-        make_latest(args.logdir, ckpt)
+        remove_partial_checkpoints(args.logdir)  # what a killed save left (*.tempstate*)
+        prefix = "%s-%d" % (os.path.join(args.logdir, args.output), values["global_step"])
+        try:
+            with writing(prefix, "the checkpoint %s" % os.path.basename(prefix)):
+                ckpt = write_checkpoint(values, os.path.join(args.logdir, args.output), int(values["global_step"]))
+                make_latest(args.logdir, ckpt)
+        except DiskFull:
+            remove_partial_checkpoints(args.logdir, prefix)
+            raise
     print("averaged %s into %s, now the latest checkpoint of %s"
           % (", ".join(map(os.path.basename, checkpoints)), os.path.basename(ckpt), args.logdir))
     return 0

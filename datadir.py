@@ -22,16 +22,15 @@ failed rebuild (--force) leaves the previous build usable.
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import sentencepiece as spm
 
-from corpora import SIDES, log
-from errors import UserError
+from corpora import SIDES, SPLITS, log
+import textio
+from errors import UserError, writing
 from idsfile import ids_dtype, map_file, release_pages
-from textio import SPECIAL_PIECES, iter_lines, read_json, sha256_file, write_json
+from textio import SPECIAL_PIECES, iter_lines, read_json, same_file, sha256_file, write_json
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
 MANIFEST_FORMAT = 2
@@ -123,21 +122,30 @@ def check_data_dir(data_dir):
         raise UserError(f"--data_dir {data_dir} is a file, not a directory")
 
 
+def check_inputs_kept(data_dir, inputs):
+    """Refuses input files ({flag: path or None}) that a build of ``data_dir`` would replace (a corpus's train.1
+    ... test.2 kept in the data dir itself): an input is never an output."""
+    outputs = [MANIFEST_NAME, BPE_MODEL, BPE_VOCAB] + [name for split in SPLITS for name in split_files(split).values()]
+    for flag, path in inputs.items():
+        replaced = next((name for name in outputs if path and same_file(path, Path(data_dir) / name)), None)
+        if replaced:
+            raise UserError(f"--{flag} {path} is {Path(data_dir) / replaced}, a file that prepro.py writes in "
+                            f"--data_dir {data_dir}: move the corpus out of {data_dir}, or pass another --data_dir")
+
+
 #: Prefix of the directory inside --data_dir where a build is written before publish moves it into place.
 STAGING_PREFIX = ".build-"
 
 
 @contextlib.contextmanager
 def staging_dir(data_dir):
-    """A new empty directory inside ``data_dir`` to build in, removed afterwards with whatever is left in it;
-    those of earlier builds that were killed are removed first."""
-    for old in Path(data_dir).glob(STAGING_PREFIX + "*"):
-        shutil.rmtree(old, ignore_errors=True)
-    path = Path(tempfile.mkdtemp(dir=data_dir, prefix=STAGING_PREFIX))
-    try:
+    """A new empty directory inside ``data_dir`` to build in (textio.staging_dir: those of killed builds are removed
+    first), while this process holds the data dir's lock: a second prepro.py on it is refused at once, and never
+    removes the staging of the first. A full disk is a line naming data_dir and its free space."""
+    busy = f"{data_dir} is being built by another prepro.py: wait for it to end, stop it, or pass another --data_dir"
+    with textio.exclusive_lock(str(data_dir), None, lambda holder: busy), writing(data_dir), \
+            textio.staging_dir(data_dir, STAGING_PREFIX) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def publish(staging, data_dir, manifest):
@@ -189,8 +197,21 @@ def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
     if not isinstance(manifest, dict) or "splits" not in manifest:
         raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
                         "--data_dir %s --force`" % (fpath, data_dir))
+    check_names(data_dir, fpath, manifest)
     check_files(data_dir, manifest, splits)
     return manifest
+
+
+def check_names(data_dir, fpath, manifest):
+    """Refuses a manifest (read from fpath) whose files are not plain names inside data_dir (an absolute path, a
+    directory above it): paths in metadata stay inside their directory."""
+    names = [(key, manifest.get(key)) for key in ("bpe_model", "bpe_vocab")]
+    names += [("splits.%s.%s" % (split, key), entry[key]) for split, entry in manifest["splits"].items()
+              for key in split_files(split) if key in entry]
+    for key, name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name:
+            raise UserError("%s: %s is %s, not the name of a file inside %s: rebuild the data dir with `python "
+                            "prepro.py --data_dir %s --force`" % (fpath, key, json.dumps(name), data_dir, data_dir))
 
 
 def has_ids(manifest):
@@ -227,17 +248,25 @@ def check_vocab(hp, manifest, trained_data_dir):
     and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs lack the latter), the same files.
     The data dir's own bpe.model and bpe.vocab agree with each other (check_files), so an older logdir whose data
     dir had its bpe.model swapped is refused too."""
+    remedy = other_vocab_remedy(hp, trained_data_dir)
     if manifest["vocab_size"] != hp.vocab_size:
-        raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: pass the --data_dir "
-                        "it was trained on (%s)" % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir,
-                                                    trained_data_dir))
+        raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: %s"
+                        % (manifest["vocab_size"], hp.data_dir, hp.vocab_size, hp.logdir, remedy))
     found = fingerprint(hp.data_dir, manifest)
     for key, what in (("vocab_sha256", "BPE vocabulary (%s)" % manifest["bpe_vocab"]),
                       ("bpe_sha256", "sentencepiece model (%s)" % manifest["bpe_model"])):
         if getattr(hp, key, None) not in (None, found[key]):
             raise UserError("the %s of %s is not the one the model in %s was trained with, although the vocabulary "
-                            "has its size %d: pass the --data_dir it was trained on (%s), or rebuild this one as it "
-                            "was built then" % (what, hp.data_dir, hp.logdir, hp.vocab_size, trained_data_dir))
+                            "has its size %d: %s" % (what, hp.data_dir, hp.logdir, hp.vocab_size, remedy))
+
+
+def other_vocab_remedy(hp, trained_data_dir):
+    """What to do about a data dir whose vocabulary is not the model's: pass the one it was trained on or, when
+    that is the one given (rebuilt since by prepro.py --force), rebuild it as it was."""
+    if not same_file(hp.data_dir, trained_data_dir):
+        return "pass the --data_dir it was trained on (%s), or rebuild this one as it was built then" % trained_data_dir
+    return ("%s is the data dir it was trained on, rebuilt since (prepro.py --force) with another vocabulary: the "
+            "model's vocabulary is gone; rebuild it from the same corpus and options as then" % hp.data_dir)
 
 
 # ----------------------------------------------------------------------------------------------

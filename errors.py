@@ -6,8 +6,10 @@ and exit code 2, never a traceback. Imports nothing heavy, so that prepro.py sta
         run_cli(main)
 """
 import argparse
+import contextlib
 import errno
 import os
+import re
 import shutil
 import signal
 import sys
@@ -27,6 +29,26 @@ class DiskFull(UserError):
         self.what, self.path = what, path
         super().__init__("no space left on the device while writing %s (%s free on %s)"
                          % (what, free_space(path), os.path.dirname(os.path.abspath(path))))
+
+
+@contextlib.contextmanager
+def writing(path, what=None, temporary=None):
+    """Errors of the block, which writes ``what`` (default: path) at ``path``, turned into lines by what it was doing
+    and where: a full disk (an OSError, or a TensorFlow error that says so) is a DiskFull naming what and the free
+    space of path's own disk; an OSError that names no path, or the temporary file it writes through, is one naming
+    path."""
+    try:
+        yield
+    except OSError as error:
+        if is_disk_full(error):
+            raise DiskFull(str(what or path), str(path)) from None
+        if error.errno and error.filename in (None, str(temporary)):
+            raise OSError(error.errno, error.strerror, str(path)) from None
+        raise
+    except Exception as error:  # noqa: BLE001 (only TensorFlow's full disk is turned into a line; the rest goes on)
+        if is_tensorflow_error(error) and is_disk_full(error):
+            raise DiskFull(str(what or path), str(path)) from None
+        raise
 
 
 #: errno values that mean the disk (or the user's quota) is full.
@@ -72,9 +94,10 @@ PATH_PROBLEMS = {
 def os_error_line(error):
     """The one line of an OSError that names a path (or has an errno): what went wrong with which path and what
     to do; None for one that carries neither (a bug, not the user's machine: it keeps its traceback)."""
-    if is_disk_full(error):
-        return "no space left on the device%s (%s free)" % (
-            " while writing %s" % error.filename if error.filename else "", free_space(error.filename or "."))
+    if is_disk_full(error):  # the free space of the path's own disk; without a path, no figure of another disk's
+        return ("no space left on the device while writing %s (%s free on %s)" % (
+            error.filename, free_space(error.filename), os.path.dirname(os.path.abspath(error.filename)))
+            if error.filename else "no space left on the device: free some space and run the same command again")
     if error.errno is None:
         return None
     where = " and ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
@@ -84,33 +107,59 @@ def os_error_line(error):
 
 def error_line(error):
     """The one line of an error the user can fix: a UserError's message, the line of an OSError on a path
-    (os_error_line) or of a TensorFlow file error (file_op_error_line); None for any other error (a bug: it keeps
-    its traceback)."""
+    (os_error_line), of a TensorFlow file error (file_op_error_line) or of a lost worker (lost_worker_line); None for
+    any other error (a bug: it keeps its traceback)."""
     if isinstance(error, UserError):
         return str(error)
     if isinstance(error, OSError):
         return os_error_line(error)
-    return file_op_error_line(error)
+    return file_op_error_line(error) or lost_worker_line(error)
+
+
+def is_tensorflow_error(error, name=None):
+    """Whether error is TensorFlow's (of the class `name`, if given). Told by its module, so that TensorFlow is not
+    imported here."""
+    return type(error).__module__.startswith("tensorflow") and name in (None, type(error).__name__)
 
 
 def file_op_error_line(error):
     """TensorFlow's file operations (checkpoints, summaries) fail with an OpError that carries no errno but the C
-    library's message after the path: when its first line holds the message of an errno of PATH_PROBLEMS (or a
-    full disk), that line and what to do; else None. Told by its module, so that TensorFlow is not imported here."""
-    if not type(error).__module__.startswith("tensorflow"):
+    library's message after the path: when a line of it holds the message of an errno of PATH_PROBLEMS (or a full
+    disk), that line and what to do; else None."""
+    if not is_tensorflow_error(error):
         return None
-    text = str(getattr(error, "message", "") or error).strip()
-    first = text.splitlines()[0][:300] if text else ""
+    lines = [line.strip()[:300] for line in str(getattr(error, "message", "") or error).splitlines()]
     if is_disk_full(error):
-        return "no space left on the device: %s" % first
+        return "no space left on the device: %s" % next(line for line in lines if is_disk_full(line))
     for number, problem in PATH_PROBLEMS.items():
-        if os.strerror(number) in first:
-            return "%s: the path %s" % (first, problem)
+        line = next((line for line in lines if os.strerror(number) in line), None)
+        if line:
+            return "%s: the path %s" % (line, problem)
     return None
+
+
+def lost_worker_line(error):
+    """The line of a distributed run whose collective failed because another worker is gone (UnavailableError: it
+    was killed, or its host went down); None for any other error."""
+    if not is_tensorflow_error(error, "UnavailableError"):
+        return None
+    lines = [line.strip() for line in str(getattr(error, "message", "") or error).splitlines() if line.strip()]
+    cause = next((line for line in lines if LOST_CONNECTION.search(line)), lines[0] if lines else "")
+    return ("another worker of the cluster is gone (%s): the chief's last checkpoint is intact; restart every worker "
+            "with the same command to resume from it" % cause[:200])
+
+
+#: What the line of a collective's error that says why it failed speaks of (gRPC's words).
+LOST_CONNECTION = re.compile(r"(?i)socket closed|connection|unavailable|aborted by|failed to connect|unreachable")
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is so that its `finally` blocks and atomic writes clean up as for Ctrl-C."""
+
+
+def interrupted_exit_code(interrupt):
+    """The exit code of a tool ended by a KeyboardInterrupt: 143 for SIGTERM (Terminated), 130 for Ctrl-C."""
+    return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
 
 
 def _terminate(signum, frame):
@@ -134,7 +183,8 @@ def run_cli(main):
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         code = main()
-        sys.stdout.flush()  # here, not at exit: a closed pipe must end in the handler below
+        if sys.stdout is not None:  # None: started with it closed (1>&-), where print() writes nothing
+            sys.stdout.flush()  # here, not at exit: a closed pipe must end in the handler below
         sys.exit(code)
     except BrokenPipeError:
         end_quietly_on_a_closed_pipe()
@@ -146,7 +196,7 @@ def run_cli(main):
         sys.exit(USER_ERROR_EXIT_CODE)
     except KeyboardInterrupt as interrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT))
+        sys.exit(interrupted_exit_code(interrupt))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -161,8 +211,33 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.unrecognized_hint = unrecognized_hint
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, over the arguments as command_line_arguments cleans them."""
+        return super().parse_known_args(command_line_arguments(sys.argv[1:] if args is None else args, self.error),
+                                        namespace)
+
     def error(self, message):
         if message.startswith("unrecognized arguments"):
             message += " (see %s --help%s)" % (self.prog, self.unrecognized_hint)
         report(message)
         sys.exit(USER_ERROR_EXIT_CODE)
+
+
+#: The byte-order mark some editors put at the start of UTF-8 text, as a character.
+BOM = "\ufeff"
+
+
+def command_line_arguments(args, error):
+    """The arguments with byte-order marks removed (pasted from a file that starts with one; files have theirs
+    stripped too, textio.lines_of); error(message) on an argument that is not valid UTF-8 (Python keeps its bytes
+    as lone surrogates, which no library below can read)."""
+    cleaned = []
+    for number, arg in enumerate(map(str, args), 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as bad:
+            raw, column = arg.encode("utf-8", "surrogateescape"), len(arg[:bad.start].encode("utf-8"))
+            error("argument %d (%s) is not valid UTF-8 (byte 0x%02x at byte column %d): pass it in UTF-8"
+                  % (number, raw.decode("utf-8", "backslashreplace"), raw[column], column + 1))
+        cleaned.append(arg.replace(BOM, ""))
+    return cleaned

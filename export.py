@@ -21,9 +21,8 @@ import os
 
 import runtime  # first: TensorFlow's environment defaults
 
+import contextlib
 import shlex
-import shutil
-import tempfile
 
 import tensorflow as tf
 
@@ -31,11 +30,11 @@ import ctranslate2_engine
 from data_load import PAD_ID, Sources
 from datadir import bpe_model_path
 from decoding import DecodingSettings, translate
-from errors import OneLineParser, UserError, run_cli
+from errors import OneLineParser, UserError, run_cli, writing
 from hparams import TRAINED_FLAGS_HINT
 from logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
 from model import ModelConfig, build_transformer
-from textio import check_writable_dir
+from textio import check_writable_dir, staging_dir
 
 tf1 = tf.compat.v1
 
@@ -101,19 +100,24 @@ def save_model(sess, export_dir, inputs, outputs, asset):
     interrupted export leaves no half-written export_dir."""
     tf1.add_to_collection(tf1.GraphKeys.ASSET_FILEPATHS, tf.constant(asset, name="bpe_model_path"))
     signature = tf1.saved_model.signature_def_utils.predict_signature_def(inputs, outputs)
-    parent = os.path.dirname(os.path.abspath(export_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-export-")
-    try:
-        builder = tf1.saved_model.Builder(tmp)
+    with export_staging(export_dir) as tmp:
+        builder = tf1.saved_model.Builder(os.path.join(tmp, "model"))
         builder.add_meta_graph_and_variables(
             sess, [tf1.saved_model.tag_constants.SERVING],
             signature_def_map={tf1.saved_model.signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signature},
             assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS), strip_default_attrs=True)
         builder.save()
-        os.replace(tmp, export_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))  # a link to a directory: followed
+
+
+@contextlib.contextmanager
+def export_staging(export_dir):
+    """The staging directory of an export, beside export_dir (textio.staging_dir: those of killed exports are
+    removed first); a full disk is a line naming export_dir and its free space."""
+    parent = os.path.dirname(os.path.realpath(export_dir))
+    os.makedirs(parent, exist_ok=True)
+    with writing(export_dir), staging_dir(parent, ".tmp-export-") as tmp:
+        yield tmp
 
 
 def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
@@ -126,16 +130,11 @@ def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
             from None
     settings = {flag: getattr(hp, flag) for flag in ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")}
     settings.update(quantization=quantization, checkpoint=os.path.basename(ckpt))
-    parent = os.path.dirname(os.path.abspath(export_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-export-")
-    try:
+    with export_staging(export_dir) as tmp:
         with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile
             weights = ctranslate2_engine.checkpoint_weights(path)
         ctranslate2_engine.write_model(weights, hp, bpe_model, os.path.join(tmp, "model"), quantization, settings)
-        os.replace(os.path.join(tmp, "model"), export_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))  # a link to a directory: followed
     return ckpt
 
 

@@ -15,26 +15,26 @@ half-written (a checkpoint's temporary files, a dead reader's pins, a torn summa
 here too.
 """
 import contextlib
-import fcntl
+import functools
 import glob
 import json
 import os
 import re
 import shutil
-import socket
 import struct
+import sys
 import tempfile
-import time
 from argparse import Namespace
 
 import numpy as np
 import tensorflow as tf
 
 import datadir
-from errors import DiskFull, UserError, is_disk_full
-from hparams import LEGACY_VALUES, MODEL_FLAGS, Hparams, check_ranges, range_error, type_error
+from errors import UserError
+from hparams import (LEGACY_VALUES, MODEL_FLAGS, RECORDED_TYPES, Hparams, check_ranges, range_error,
+                     type_error)
 from model import SCHEDULE_TOTAL_STEPS
-from textio import atomic_write, read_json
+from textio import atomic_write, exclusive_lock, process_description, read_json, remove_stale
 
 tf1 = tf.compat.v1
 
@@ -50,26 +50,10 @@ def logdir_lock(logdir, tool="train.py"):
     processes never write one logdir: a second one is refused with a UserError naming the process that holds the
     lock. The kernel releases the lock when the process ends however it ends (SIGKILL too), so a lock file left
     behind never blocks a later run. Readers (test.py, translate.py, export.py) take no lock."""
-    path = os.path.join(logdir, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip() or "another process"
-            raise UserError("%s is being written by %s: wait for it to end, stop it, or use another --logdir"
-                            % (logdir, holder)) from None
-        holder = "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(),
-                                                         time.strftime("%Y-%m-%d %H:%M:%S"))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+    with exclusive_lock(os.path.join(logdir, LOCK_NAME), process_description(tool),
+                        lambda holder: "%s is being written by %s: wait for it to end, stop it, or use another "
+                                       "--logdir" % (logdir, holder)):
         yield
-    except OSError as error:
-        if is_disk_full(error):
-            raise DiskFull(path, path) from None
-        raise
-    finally:
-        os.close(fd)  # releases the lock
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,10 +79,39 @@ def saved_hparams(logdir):
                              "was trained with (see %s/specs.txt for its shape)" % logdir)
     if not isinstance(saved, dict):
         raise UserError("%s is not valid JSON for hyperparameters (not an object): restore it from a copy" % fpath)
-    problem = type_error(saved, fpath) or range_error(Namespace(**saved), saved, where=fpath)
+    problem = (keys_error(saved, fpath) or type_error(saved, fpath)
+               or range_error(Namespace(**saved), saved, where=fpath))
     if problem:
         raise UserError(problem)
     return saved
+
+
+#: The keys every hparams.json has held since the first release: the data dir and the model's shape.
+REQUIRED_KEYS = ("data_dir",) + MODEL_FLAGS
+
+
+def keys_error(saved, fpath):
+    """The first key of a hparams.json dict (read from fpath) that no flag or record of train.py has (a renamed
+    key), or the first of REQUIRED_KEYS it lacks, as one sentence naming the file and the key; None when all fit."""
+    known = {action.dest for action in Hparams().parser._actions} | set(RECORDED_TYPES)
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        return "%s: %s is not a key train.py writes (a renamed flag?): fix it, or restore the file from a copy" % (
+            fpath, unknown[0])
+    missing = [key for key in REQUIRED_KEYS if key not in saved]
+    if missing:
+        return "%s: the key %s is missing: add it back, or restore the file from a copy" % (fpath, missing[0])
+    return None
+
+
+def check_hparams_present(logdir):
+    """Refuses a logdir that holds checkpoints but no hparams.json (deleted): a run that wrote one from its own
+    flags would train over checkpoints of another model's shape."""
+    state = checkpoint_state(logdir) if os.path.isdir(logdir) else None
+    if state and not os.path.exists(os.path.join(logdir, HPARAMS_NAME)):
+        raise UserError("%s holds checkpoints (%s) but no %s, which says what model they hold: restore it from a "
+                        "copy, or use another --logdir" % (logdir, os.path.basename(state.model_checkpoint_path),
+                                                           HPARAMS_NAME))
 
 
 def trained_data_dir(logdir):
@@ -180,18 +193,40 @@ CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 
 
 def checkpoint_state(logdir):
-    """The CheckpointState of logdir's index file (LOGDIR/checkpoint), None if it has none. A damaged index is a
-    UserError naming the checkpoints in logdir (TensorFlow would return None, and training would start over)."""
-    index = os.path.join(logdir, "checkpoint")
-    if not os.path.exists(index):
+    """The CheckpointState of logdir's index file (LOGDIR/checkpoint), None if logdir has no checkpoint. The
+    checkpoints on disk are the truth: an index that is missing, empty or damaged while checkpoints are there is
+    rebuilt from them (checkpoints_on_disk), never taken for a logdir without any (training would start over)."""
+    try:
+        state = tf1.train.get_checkpoint_state(logdir)
+    except ValueError:  # an empty index
+        state = None
+    if state is not None and state.model_checkpoint_path:
+        return state
+    return checkpoints_on_disk(logdir)
+
+
+#: The global step at the end of a checkpoint's name (NAME-STEP).
+CHECKPOINT_STEP = re.compile(r"-(\d+)$")
+
+
+def checkpoints_on_disk(logdir):
+    """A CheckpointState listing the checkpoints in logdir (their .index files), oldest first by global step (then
+    by time), with a note on stderr naming the newest; None when there is none."""
+    names = [name[:-len(".index")] for name in os.listdir(logdir) if name.endswith(".index")] if os.path.isdir(
+        logdir) else []
+    paths = sorted((os.path.join(logdir, name) for name in names if CHECKPOINT_STEP.search(name)),
+                   key=lambda path: (int(CHECKPOINT_STEP.search(path).group(1)), os.path.getmtime(path + ".index")))
+    if not paths:
         return None
-    state = tf1.train.get_checkpoint_state(logdir)
-    if state is None or not state.model_checkpoint_path:
-        names = sorted(name[:-len(".index")] for name in os.listdir(logdir) if name.endswith(".index"))
-        raise UserError("%s, the checkpoint index, is damaged: restore it from a copy, or replace it by the line "
-                        "model_checkpoint_path: \"NAME\" with NAME the newest of the checkpoints in %s (%s)"
-                        % (index, logdir, ", ".join(names) or "none"))
-    return state
+    note_rebuilt_index(os.path.join(logdir, "checkpoint"), paths[-1])
+    return tf1.train.generate_checkpoint_state_proto(os.path.abspath(logdir), paths[-1], paths)  # paths as given
+
+
+@functools.lru_cache(maxsize=None)
+def note_rebuilt_index(index, newest):
+    """Says once per process that the checkpoint index was rebuilt from the checkpoints on disk."""
+    print("note: %s is missing or damaged; the checkpoints on disk are used, the newest %s" % (index, newest),
+          file=sys.stderr)
 
 
 def find_checkpoint(logdir, ckpt=""):
@@ -352,14 +387,7 @@ def checkpoint_files(ckpt):
 
 def remove_stale_pins(logdir):
     """Deletes the pinned_checkpoint directories of readers that died before removing them (killed)."""
-    for path in glob.glob(os.path.join(glob.escape(logdir), PIN_PREFIX + "*")):
-        pid = os.path.basename(path)[len(PIN_PREFIX):].split("-")[0]
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, OSError):  # not ours, or a process of another user: still alive
-            pass
+    remove_stale(logdir, PIN_PREFIX)
 
 
 def remove_partial_checkpoints(logdir, prefix=None):

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from errors import OneLineParser, run_cli  # noqa: E402
+from textio import atomic_file, check_writable_dir  # noqa: E402
 
 #: Largest number of head panels side by side.
 MAX_COLUMNS = 4
@@ -45,8 +46,7 @@ def plot_attention_heads(attention, source_pieces, target_pieces, fpath, title="
         ax.set_yticklabels(target_pieces, fontsize=7)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
     fig.suptitle(title or "cross-attention of the last decoder block (rows: target, columns: source)", fontsize=9)
-    fig.savefig(fpath, dpi=100)
-    plt.close(fig)
+    save(fig, fpath)
 
 
 def plot_positional_encoding(encoding, fpath):
@@ -58,7 +58,13 @@ def plot_positional_encoding(encoding, fpath):
     ax.set_ylabel("position (of %d)" % length)
     ax.set_title("sinusoidal positional encoding: even dimensions sin, odd dimensions cos")
     fig.colorbar(image, ax=ax)
-    fig.savefig(fpath, dpi=100)
+    save(fig, fpath)
+
+
+def save(fig, fpath):
+    """Writes the figure as a PNG output (textio.atomic_file) and closes it."""
+    with atomic_file(fpath) as handle:
+        fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)
 
 
@@ -73,6 +79,7 @@ def main(argv=None):
     parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in --logdir")
     parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate and draw")
     args = parser.parse_args(argv)
+    check_writable_dir(args.dir, "dir")
     import translate  # TensorFlow only once the command line is known to be good
     return translate.main(["--logdir", args.logdir, "--plot_attention", args.dir]
                           + (["--ckpt", args.ckpt] if args.ckpt else []) + ["--"] + args.sentences)

@@ -29,8 +29,9 @@ from corpora import FILE_FLAGS, SPLITS, file_splits, log
 from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from corpora.numbers import numbers_corpus
 from databuild import build_data_dir, read_bpe_model
-from datadir import MANIFEST_NAME, check_data_dir
-from errors import USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, report, run_cli
+from datadir import MANIFEST_NAME, check_data_dir, check_inputs_kept
+from errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, interrupted_exit_code, report,
+                    run_cli)
 from textio import SPECIAL_PIECES, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
@@ -171,6 +172,7 @@ def main(argv=None):
         bpe_model = read_bpe_model(args.bpe_model) if args.bpe_model else None
         options = build_options(args, bpe_model)
         check_data_dir(data_dir)
+        check_inputs_kept(data_dir, {flag: getattr(args, flag) for flag in FILE_FLAGS.values()})
         check_writable_dir(data_dir, "data_dir")  # before a download or a build, which a read-only one would waste
         splits, sources, downloads = load_corpus(args, options, data_dir)
         manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force,
@@ -181,9 +183,9 @@ def main(argv=None):
             raise
         report(line)
         return USER_ERROR_EXIT_CODE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print(f"prepro.py: interrupted; {data_dir} has no new manifest, run again to finish", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(interrupt)
     counts = ", ".join(f"{split} {manifest['splits'][split]['lines']}" for split in SPLITS)
     log(f"done: {data_dir} ({manifest['dataset']}, vocab {manifest['vocab_size']}, {counts} pairs) "
         f"in {time.monotonic() - started:.1f} s")

@@ -1,21 +1,29 @@
-"""Vocabulary ids and text I/O shared by every tool: the fixed special ids, reading lines, cleaning, atomic writes.
+"""Vocabulary ids and text I/O shared by every tool: the fixed special ids, reading lines, cleaning, and how every
+output is written (atomic writes, output_target), staged, cleaned up after a killed run and locked.
 
 Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings; reading accepts
 '\\r\\n', a missing final newline, a byte-order mark and gzip compression.
 """
 import contextlib
+import fcntl
+import glob
 import gzip
 import hashlib
 import io
 import json
 import os
+import re
+import shutil
+import socket
+import stat
 import tempfile
+import time
 import unicodedata
 import uuid
 import zlib
 from pathlib import Path
 
-from errors import DiskFull, UserError, is_disk_full
+from errors import UserError, writing
 
 #: The ids every sentencepiece model of the toolkit is trained with (prepro.py) and every graph relies on.
 PAD_ID = 0
@@ -28,29 +36,136 @@ SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_I
 # Atomic writes
 
 
+def reaches_an_open_file(path):
+    """Whether ``path`` is, or its symbolic links lead through, /proc/PID/fd/N (as /dev/stdout and /dev/fd/N do):
+    a file this process already has open, which its opener owns."""
+    path = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if os.path.realpath(os.path.dirname(path)).startswith("/proc/"):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
+
+
+def output_target(path):
+    """How an output at ``path`` is written: (the path to write, whether atomically). Every output of the toolkit
+    is written through this decision (atomic_file):
+      - a regular file, or a new one: replaced atomically (see atomic_file);
+      - a symbolic link: followed, its target replaced atomically and the link kept;
+      - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written directly,
+        never replaced, as the program that reads it expects."""
+    try:
+        mode = os.stat(path).st_mode  # of the link's target
+    except OSError:  # a new file (or a dangling link's new target), or a path that the write will report
+        mode = stat.S_IFREG
+    if any(test(mode) for test in STREAMS) or reaches_an_open_file(path):
+        return str(path), False
+    return os.path.realpath(path), True
+
+
+#: The kinds of file that an output is written into as they are: devices, FIFOs and sockets.
+STREAMS = (stat.S_ISCHR, stat.S_ISBLK, stat.S_ISFIFO, stat.S_ISSOCK)
+
+
 @contextlib.contextmanager
 def atomic_file(path, text=False):
-    """Yields a new file object (binary, or UTF-8 text with '\\n' line endings) on a temporary file beside
-    ``path``; when the block ends, the file is fsynced and renamed into place, so that a reader (or a kill -9)
-    sees the old file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see
-    errors.run_cli) the temporary file is removed and the old file (if any) is untouched; a full disk is raised
-    as a DiskFull naming ``path``, another OSError of the temporary file as one naming ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with (open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb")) as handle:
+    """Yields a file object (binary, or UTF-8 text with '\\n' line endings) to write the output ``path`` with, as
+    output_target decides. A regular file is written on a temporary file beside it; when the block ends, the file is
+    fsynced and renamed into place (with the old file's permissions), so that a reader (or a kill -9) sees the old
+    file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see errors.run_cli) the
+    temporary file is removed and the old file (if any) is untouched. A device, FIFO or open file is opened and
+    written as it is. A full disk is raised as a DiskFull naming ``path``, another OSError of the temporary file as
+    one naming ``path``."""
+    target, atomic = output_target(path)
+    if not atomic:
+        with writing(path), (open(target, "w", encoding="utf-8", newline="\n") if text
+                             else open(target, "wb")) as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_path, path)
-    except BaseException as error:
+        return
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, f".{target.name}.", ".tmp")
+    temp_path = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with writing(path, temporary=temp_path):
+            with open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(temp_path, stat.S_IMODE(os.stat(target).st_mode))  # the replaced file's permissions
+            os.replace(temp_path, target)
+    finally:
         temp_path.unlink(missing_ok=True)
-        if isinstance(error, OSError) and is_disk_full(error):
-            raise DiskFull(str(path), str(path)) from None
-        if isinstance(error, OSError) and error.filename == str(temp_path):  # name the file, not its temporary
-            raise OSError(error.errno, error.strerror, str(path)) from None
-        raise
+
+
+# ----------------------------------------------------------------------------------------------
+# Staging, what killed runs left, and locks: the one mechanism of every tool that writes
+
+
+def process_alive(pid):
+    """Whether a process of this machine has the id pid (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(directory, prefix, suffix=""):
+    """Removes what a process killed before its cleanup left in ``directory``: the files and directories named
+    PREFIX<PID>...SUFFIX (staging_dir's, atomic_file's, a checkpoint reader's pins) whose process PID is gone."""
+    for path in glob.glob(os.path.join(glob.escape(str(directory)), glob.escape(prefix) + "*" + suffix)):
+        pid = re.match(r"\d+", os.path.basename(path)[len(prefix):])
+        if pid and not process_alive(int(pid.group())):
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+
+
+@contextlib.contextmanager
+def staging_dir(parent, prefix):
+    """A new empty directory PARENT/PREFIX<PID>-XXXX to build an output in before it is renamed into place (a data
+    dir's build, an export), removed with whatever is left in it when the block ends; those of killed runs
+    (remove_stale) are removed first."""
+    remove_stale(parent, prefix)
+    path = Path(tempfile.mkdtemp(dir=parent, prefix="%s%d-" % (prefix, os.getpid())))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, holder, busy):
+    """Holds an exclusive lock (fcntl.flock) on ``path`` while the block runs, so that two processes never write
+    one directory: path is a lock file (created if missing) into which ``holder``, a description of this process, is
+    written for others to read, or a directory itself (nothing is written). When another process holds it,
+    raises UserError(busy(its description or "another process")) at once. The kernel releases the lock when the
+    process ends however it ends (SIGKILL too), so nothing left behind ever blocks a later run."""
+    directory = os.path.isdir(path)
+    with writing(path):
+        fd = os.open(path, os.O_RDONLY if directory else os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = "" if directory else os.pread(fd, 1000, 0).decode("utf-8", "replace").strip()
+            raise UserError(busy(other or "another process")) from None
+        if not directory:
+            with writing(path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder.encode("utf-8") + b"\n", 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def process_description(tool):
+    """"TOOL process PID on HOST since TIME", for a lock's holder."""
+    return "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 def atomic_write(path, data):
@@ -79,8 +194,15 @@ def check_writable_dir(path, flag):
 
 def check_writable_file(path, flag):
     """Raises UserError unless ``path`` (given as --flag) names a file, not a directory, in an existing directory
-    that this process can write files in; creates nothing."""
-    path = Path(path)
+    that this process can write files in (a symbolic link: its target), or a device, FIFO or open file it may write
+    (see output_target); creates nothing."""
+    target, atomic = output_target(path)
+    if not atomic:
+        if not os.access(target, os.W_OK):
+            raise UserError(f"--{flag} {path}: this process may not write to it (permission denied); pass a path "
+                            "it may write")
+        return
+    path = Path(target)
     if path.is_dir():
         raise UserError(f"--{flag} {path} is a directory: name a file")
     if not path.parent.is_dir():
@@ -88,6 +210,23 @@ def check_writable_file(path, flag):
         raise UserError(f"--{flag} {path}: its directory {path.parent} {what}; create the directory or name a "
                         "file in one that exists")
     _probe(path.parent, flag, path)
+
+
+def check_not_an_input(output, flag, inputs):
+    """Raises UserError if the output ``output`` (given as --flag) is one of ``inputs`` ({flag: path}), through
+    links and other names: an input is never replaced by an output."""
+    for input_flag, path in inputs.items():
+        if path and same_file(output, path):
+            raise UserError(f"--{flag} {output} is the file given as --{input_flag} {path}: it would be replaced "
+                            f"by the output; pass another --{flag}")
+
+
+def same_file(first, second):
+    """Whether two paths name one existing file (through links, hard links and other names)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
 
 
 def _probe(directory, flag, path):

@@ -4,7 +4,8 @@
 
 Every epoch: translate the whole dev set, compute BLEU, write summaries and a checkpoint named after the epoch,
 loss and BLEU. Started again with the same logdir, it resumes from the latest checkpoint at the same global step,
-epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first; a non-finite loss, weights or dev
+epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first (once per step; a dev decode is
+abandoned) and exits 130 / 143; a non-finite loss, weights or dev
 decoding scores stop training without saving over the last good checkpoint, and so does a full disk. One train.py
 at a time trains a logdir (LOGDIR/train.lock).
 """
@@ -35,9 +36,10 @@ from datadir import BPE_MODEL, bpe_model_path, check_vocab, fingerprint, load_ma
 from decoding import DecodingSettings
 from errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import MODEL_FLAGS, Hparams, check_ranges, parse_flags, type_error
-from logdir import (HPARAMS_NAME, EventsFile, check_trained, checkpoint_state, find_checkpoint, is_averaged,
-                    load_trained_hparams, logdir_lock, read_best, record_dev_bleu, remove_partial_checkpoints, restore,
-                    restore_weights, save_hparams, save_variable_specs, trained_data_dir)
+from logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, check_trained, checkpoint_state, find_checkpoint,
+                    is_averaged, load_trained_hparams, logdir_lock, read_best, record_dev_bleu,
+                    remove_partial_checkpoints, restore, restore_weights, save_hparams, save_variable_specs,
+                    trained_data_dir)
 from model import ModelConfig, build_transformer
 from textio import atomic_write, check_writable_dir, read_json, read_lines
 from utils import Progress, calc_bleu, get_hypotheses
@@ -60,6 +62,7 @@ def resolve_hparams(argv):
     if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
         hp, trained_on = load_trained_hparams(hp.logdir, given), trained_data_dir(hp.logdir)
     else:
+        check_hparams_present(hp.logdir)
         if given.get("init_from"):
             source, _ = init_source(given["init_from"])
             given = {**init_model_flags(given, source), **given}
@@ -157,11 +160,13 @@ def early_stop(hp, best):
 
 
 class StopRequest:
-    """While in its `with` block, turns SIGINT and SIGTERM into a flag that the training loop checks after each
-    step; the previous handlers come back afterwards."""
+    """While in its `with` block, turns SIGINT and SIGTERM into a request to stop, acknowledged at once with one line
+    on stderr that says what is being finished: the training loop checks it after each step, a save is finished, and
+    a phase run `with stop.phase(what, abandon=True)` (the dev decode) is abandoned at once (StopNow). The previous
+    handlers come back afterwards."""
 
     def __enter__(self):
-        self.signal = None
+        self.signal, self.signum, self._doing = None, None, ("finishing the current step", False)
         self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
@@ -169,8 +174,34 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    @contextlib.contextmanager
+    def phase(self, doing, abandon=False):
+        """Within the block, a stop request says `doing` ("finishing the checkpoint being saved") and, with
+        abandon, raises StopNow where the block is."""
+        previous, self._doing = self._doing, (doing, abandon)
+        try:
+            if abandon and self.signal:
+                raise StopNow()
+            yield
+        finally:
+            self._doing = previous
+
+    def exit_code(self):
+        """128 + the number of the signal received (130 for SIGINT, 143 for SIGTERM), 0 without one."""
+        return 128 + self.signum if self.signum else 0
+
     def _handle(self, signum, frame):
-        self.signal = signal.Signals(signum).name
+        doing, abandon = self._doing
+        if self.signal is None:
+            os.write(sys.stderr.fileno(), ("%s: %s, then stopping\n" % (signal.Signals(signum).name, doing)).encode())
+        self.signal, self.signum = signal.Signals(signum).name, signum
+        if abandon:
+            raise StopNow()
+
+
+class StopNow(KeyboardInterrupt):
+    """A stop request that abandons the phase it came in (see StopRequest.phase); a KeyboardInterrupt, so that no
+    `except Exception` takes it for the phase's failure."""
 
 
 @dataclasses.dataclass
@@ -456,7 +487,7 @@ def train(hp, manifest, cluster):
         except DiskFull as error:
             raise disk_full(error, g, hp, events) from None
         if stop.signal:
-            return 0
+            return stop.exit_code()
         events.writer.close()
     print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
     return 0
@@ -476,6 +507,7 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
     and at the end) and a checkpoint. Returns (global step, epoch, last checkpoint)."""
     epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
     step = sess.run(g.step.global_step)
+    saved_step = step if last_ckpt else None
     while epoch < hp.num_epochs and step < budget.last_step() and not (
             distributed.agree_to_stop(sess, g.step, stop.signal, time.time() >= budget.deadline)[1]):
         start = time.time()
@@ -486,7 +518,9 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
             if not step:  # weights never trained are not worth a checkpoint that tools would take for a model
                 print("%s: stopped before the first step; nothing to save" % stop.signal)
             elif cluster.is_chief:
-                last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
+                if saved_step != step:  # never a second checkpoint of one step
+                    with stop.phase("finishing the checkpoint being saved"):
+                        last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
                 print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
             else:
                 print("%s: stopped at step %d; the chief saves the checkpoint" % (stop.signal, step))
@@ -499,12 +533,18 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
             continue
         ending = (epoch_step or epoch == hp.num_epochs or step >= budget.last_step()
                   or time.time() >= budget.deadline)
-        if ending or (hp.eval_every and epoch % hp.eval_every == 0):
+        if (ending or (hp.eval_every and epoch % hp.eval_every == 0)) and not stop.signal:
             eval_start = time.time()
-            bleu = evaluate_or_save(sess, g, hp, sp, references, events.writer, step, epoch, epoch_step, name)
-            budget.record_eval(time.time() - eval_start)
-            name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
-        last_ckpt = save(sess, g, hp, epoch, epoch_step, name)
+            try:
+                with stop.phase("abandoning the dev evaluation, saving the checkpoint of step %d" % step, True):
+                    bleu = evaluate_or_save(sess, g, hp, sp, references, events.writer, step, epoch, epoch_step,
+                                            name)
+                budget.record_eval(time.time() - eval_start)
+                name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
+            except StopNow:
+                pass
+        with stop.phase("finishing the checkpoint being saved"):
+            last_ckpt, saved_step = save(sess, g, hp, epoch, epoch_step, name), step
         print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"
               % (epoch, step, loss, tokens_per_s, time.time() - start, report, os.path.basename(last_ckpt)),
               flush=True)

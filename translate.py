@@ -22,7 +22,9 @@ LINE counted from 0, best first). Notes go to standard error:
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is translated;
     on standard input such a line gives an empty translation and a note, and translation goes on.
 --output FILE is written beside FILE and renamed into place when translation ends: an interrupted run leaves the
-old FILE (if any) as it was. --output and --plot_attention are checked before the model is loaded.
+old FILE (if any) as it was. A link is followed (its target replaced); a device, FIFO, /dev/stdout or /dev/fd/N is
+written directly; the --input file is never an output. --output and --plot_attention are checked before the model
+is loaded.
 --score REF (with --input SRC) translates nothing: it prints, for each source line and the reference line of REF
 beside it, `LOGPROB<TAB>NORMALIZED`: log p(reference + </s> | source) under the model (teacher-forced, whole
 lines however long) and that divided by beam search's length penalty ((5 + length) / 6)^alpha, length counting
@@ -51,8 +53,8 @@ from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from logdir import load_trained_hparams, restore, trained_model_files
 from model import ModelConfig, build_transformer
 from modules import positional_encoding
-from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_writable_dir, check_writable_file, clean_line,
-                    decode_lines)
+from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_not_an_input, check_writable_dir, check_writable_file,
+                    clean_line, decode_lines)
 from utils import postprocess
 
 tf1 = tf.compat.v1
@@ -105,9 +107,16 @@ def parse_args(argv):
     hp = ctranslate2_hparams(args, given) if args.engine == "ctranslate2" else trained_hparams(args.logdir, given)
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
+    if not (args.sentences or args.input) and sys.stdin is None:
+        raise UserError("standard input is closed and no sentences are given: give sentences as arguments, "
+                        "--input FILE, or text on standard input")
+    if not args.output and sys.stdout is None:
+        raise UserError("standard output is closed: pass --output FILE, or let the translations go to standard "
+                        "output")
     check_ranges(args, ("nbest",))
     if args.output:
         check_writable_file(args.output, "output")
+        check_not_an_input(args.output, "output", {"input": args.input})
     if args.plot_attention:
         check_writable_dir(args.plot_attention, "plot_attention")
     if args.nbest > hp.beam_size:

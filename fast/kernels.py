@@ -86,8 +86,11 @@ def library_path():
 
 def build(path):
     """Compiles the library to path (atomically: processes that build at once each write their own file)."""
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    handle, partial = tempfile.mkstemp(suffix=".so", dir=BUILD_DIR)
+    try:
+        os.makedirs(BUILD_DIR, exist_ok=True)
+        handle, partial = tempfile.mkstemp(suffix=".so", dir=BUILD_DIR)
+    except OSError as e:  # a read-only checkout: as without g++, TensorFlow's ops
+        raise KernelsUnavailable("cannot write the build in %s (%s)" % (BUILD_DIR, e.strerror)) from None
     os.close(handle)
     try:
         result = subprocess.run(compile_command(partial), capture_output=True, text=True)

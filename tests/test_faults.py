@@ -7,11 +7,14 @@ process of its own. Tests that change a model or data dir change a copy of the s
 """
 import errno
 import json
+import re
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
+import databuild
 import export
 import hparams
 import logdir as logdir_tools
@@ -29,6 +33,7 @@ import test as test_cli
 import train
 import translate
 from datadir import MANIFEST_NAME
+from errors import UserError
 from model import ModelConfig
 from in_process import run_in_process
 
@@ -176,12 +181,12 @@ def test_an_interruption_before_the_first_step_saves_nothing(tiny_model, tmp_pat
 
     def signalled_at_once(self):
         real_enter(self)
-        self.signal = "SIGTERM"
+        self.signal, self.signum = "SIGTERM", signal.SIGTERM
         return self
 
     monkeypatch.setattr(train.StopRequest, "__enter__", signalled_at_once)
     code, out, err = run_in_process(capsys, "train.py", train.main, *fresh_train(tiny_model[1], tmp_path / "run")[1:])
-    assert code == 0 and "SIGTERM: stopped before the first step; nothing to save" in out, err
+    assert code == 128 + signal.SIGTERM and "SIGTERM: stopped before the first step; nothing to save" in out, err
     assert not list((tmp_path / "run").glob("*.index")) and not (tmp_path / "run" / "checkpoint").exists()
 
 
@@ -212,7 +217,7 @@ def path_cases(logdir, data_dir, tmp):
         ("translate.py", [*decode, "--output", tmp], "--output %s is a directory: name a file" % tmp),
         ("translate.py", [*decode, "--output", a_file / "out.txt"], "its directory %s is a file" % a_file),
         ("translate.py", [*decode, "--plot_attention", a_file], "--plot_attention %s: %s is a file" % (a_file, a_file)),
-        ("plot_attention.py", ["--logdir", logdir, "--dir", a_file / "x", "eins"], "--plot_attention %s: %s, above"
+        ("plot_attention.py", ["--logdir", logdir, "--dir", a_file / "x", "eins"], "--dir %s: %s, above"
          % (a_file / "x", a_file)),
         ("test.py", ["--logdir", logdir, "--testdir", a_file], "--testdir %s: %s is a file" % (a_file, a_file)),
         ("test.py", ["--logdir", logdir, "--testdir", a_file / "sub" / "dir"], "%s, above" % a_file),
@@ -578,3 +583,271 @@ def test_prepro_refuses_a_vocabulary_without_room_for_text(tmp_path, capsys, voc
     line = one_line(capsys, "prepro.py", "--vocab_size", vocab_size, "--data_dir", tmp_path / "data")
     assert "--vocab_size %s is too small: the 4 special pieces" % vocab_size in line and "INTERNAL" not in line
 
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs never replace what is not theirs (textio.output_target)
+
+
+def read_in_thread(path_or_fd, chunks):
+    """A started thread that reads a FIFO (path) or a pipe's end (fd) to its end into chunks."""
+    def read():
+        with open(path_or_fd, "rb") as reader:
+            chunks.append(reader.read())
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_outputs_follow_links_and_write_devices_fifos_and_pipes_in_place(tiny_model, tmp_path, capsys):
+    logdir = tiny_model[0]
+    code, expected, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "eins", "zwei")
+    assert code == 0 and len(expected.splitlines()) == 2, err
+
+    def translate_to(output):
+        code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "eins", "zwei",
+                                        "--output", output)
+        assert code == 0 and out == "" and "Traceback" not in err, err
+
+    translate_to("/dev/null")
+    assert os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+    fifo, chunks = tmp_path / "fifo", []
+    os.mkfifo(fifo)
+    reader = read_in_thread(fifo, chunks)
+    translate_to(fifo)
+    reader.join(timeout=60)
+    assert chunks == [expected.encode()] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+    read_end, write_end = os.pipe()  # what a shell's >(cat) hands over: /dev/fd/N
+    reader = read_in_thread(read_end, chunks)
+    translate_to("/dev/fd/%d" % write_end)
+    os.close(write_end)
+    reader.join(timeout=60)
+    assert chunks[1] == expected.encode()
+
+    target, link = tmp_path / "kept" / "target.txt", tmp_path / "link.txt"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    translate_to(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == expected and stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "kept", "link.txt"] and os.listdir(target.parent) == [
+        "target.txt"]
+
+
+def test_an_input_is_never_an_output(tiny_model, tmp_path, capsys):
+    source = tmp_path / "source.txt"
+    source.write_text("eins\n")
+    (tmp_path / "alias.txt").symlink_to(source)
+    line = one_line(capsys, "translate.py", "--logdir", tiny_model[0], "--input", source, "--output",
+                    tmp_path / "alias.txt")
+    assert "--output %s is the file given as --input %s" % (tmp_path / "alias.txt", source) in line
+    data_dir = tmp_path / "data"
+    args = corpus_files(data_dir, NUMBERS)  # the corpus's train.1 ... test.2 inside --data_dir itself
+    before = {path.name: path.read_bytes() for path in data_dir.iterdir()}
+    line = one_line(capsys, "prepro.py", *args, "--vocab_size", "100", "--data_dir", data_dir)
+    assert "--train1 %s is %s, a file that prepro.py writes in --data_dir %s" % (
+        data_dir / "train.1", data_dir / "train.1", data_dir) in line
+    assert {path.name: path.read_bytes() for path in data_dir.iterdir()} == before
+    assert source.read_text() == "eins\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Metadata is checked
+
+
+@pytest.mark.parametrize("key, name", [("bpe_model", "/etc/passwd"), ("raw2", "../../outside.txt"),
+                                       ("ids1", "sub/test.1.ids"), ("bpe_vocab", 7)])
+def test_manifest_paths_outside_the_data_dir_are_refused(model, capsys, key, name):
+    logdir, data_dir = model
+    manifest = json.loads((data_dir / MANIFEST_NAME).read_text())
+    entry = manifest if key.startswith("bpe_") else manifest["splits"]["test"]
+    entry[key] = name
+    (data_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
+    where = key if key.startswith("bpe_") else "splits.test." + key
+    line = one_line(capsys, "test.py", "--logdir", logdir)
+    assert "%s: %s is %s, not the name of a file inside %s" % (data_dir / MANIFEST_NAME, where, json.dumps(name),
+                                                              data_dir) in line
+
+
+def test_a_data_dir_rebuilt_under_a_model_says_so(model, tmp_path, capsys):
+    logdir, data_dir = model
+    assert prepro.main(["--n_train", "300", "--n_eval", "5", "--n_test", "5", "--vocab_size", "120", "--data_dir",
+                        str(data_dir), "--force"]) == 0
+    line = one_line(capsys, "test.py", "--logdir", logdir)
+    assert "%s is the data dir it was trained on, rebuilt since (prepro.py --force) with another vocabulary: the " \
+           "model's vocabulary is gone" % data_dir in line
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors of the libraries underneath are one line, by what the tool was doing and on which path
+
+
+def test_a_truncated_checkpoint_is_one_line_for_avg_checkpoints(model, capsys):
+    logdir, _ = model
+    ckpt = tf.train.latest_checkpoint(str(logdir))
+    data = Path(ckpt + ".data-00000-of-00001")
+    os.truncate(data, data.stat().st_size // 2)
+    line = one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1")
+    assert "cannot read checkpoint %s (" % ckpt in line and "it is damaged" in line
+    assert not list(logdir.glob("avg_*"))
+
+
+def test_a_full_disk_names_the_path_and_its_disks_free_space(model, tmp_path, capsys, monkeypatch):
+    from errors import os_error_line, writing
+    with pytest.raises(UserError) as error, writing(tmp_path / "out", "the output"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write() names no file
+    assert re.fullmatch(r"no space left on the device while writing the output \([\d.]+ MB free on %s\)"
+                        % re.escape(str(tmp_path)), str(error.value))
+    assert os_error_line(OSError(errno.ENOSPC, "x")) == ("no space left on the device: free some space and run the "
+                                                         "same command again")  # never another disk's free space
+    logdir, _ = model
+
+    def save_on_a_full_disk(saver, sess, prefix, global_step, **kwargs):
+        Path("%s-%d.data-00000-of-00001.tempstate99" % (prefix, global_step)).write_bytes(b"half")
+        raise tf.errors.ResourceExhaustedError(None, None, "Graph execution error:\n\nDetected at node save/Save\n"
+                                                           "%s_temp/part-00000; No space left on device" % prefix)
+
+    monkeypatch.setattr(tf.compat.v1.train.Saver, "save", save_on_a_full_disk)
+    before = sorted(os.listdir(logdir))
+    line = one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1")
+    assert re.fullmatch(r"error: no space left on the device while writing the checkpoint avg_last1-60 \([\d.]+ MB "
+                        r"free on %s\)" % re.escape(str(logdir)), line), line
+    assert sorted(os.listdir(logdir)) == before
+
+
+def test_closed_standard_input_bad_bytes_and_byte_order_marks_in_arguments(tiny_model, tmp_path, capsys):
+    logdir = tiny_model[0]
+    result = subprocess.run([sys.executable, "translate.py", "--logdir", logdir], cwd=ROOT, capture_output=True,
+                            text=True, preexec_fn=lambda: os.close(0), timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr and errors == [
+        "error: standard input is closed and no sentences are given: give sentences as arguments, --input FILE, or "
+        "text on standard input"], result.stderr
+    result = subprocess.run([sys.executable, "translate.py", "--logdir", logdir, "eins"], cwd=ROOT, stdout=None,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == "error: standard output is closed: pass --output " \
+                                                               "FILE, or let the translations go to standard output"
+    bad = os.fsdecode(b"zw\xffei")  # how Python hands over an argument that is not UTF-8
+    for tool, args in (("translate.py", ["--logdir", logdir, "eins", bad]),
+                       ("prepro.py", ["--data_dir", bad])):
+        assert "is not valid UTF-8 (byte 0xff at byte column 3)" in one_line(capsys, tool, *args), tool
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "eins",
+                                    "\ufeffeins", "ei\ufeffns")
+    assert code == 0 and len(set(out.splitlines())) == 1 and "<unk>" not in err and "vocabulary" not in err, (out,
+                                                                                                             err)
+
+
+def test_a_read_only_checkout_falls_back_to_tensorflows_ops(tmp_path, monkeypatch):
+    import kernels
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    monkeypatch.setattr(kernels, "BUILD_DIR", str(a_file / "build"))  # as unwritable as a read-only checkout
+    kernels.load.cache_clear()
+    try:
+        choice, note = kernels.choose_kernels("auto", has_gpu=False)
+    finally:
+        kernels.load.cache_clear()
+    assert choice == "tf" and note == ("kernels auto: TensorFlow's ops (the fused CPU kernels are unavailable: cannot "
+                                       "write the build in %s (Not a directory))" % (a_file / "build"))
+
+
+def test_a_lost_worker_is_one_line():
+    from errors import error_line
+    line = error_line(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nDetected at node 'x' defined "
+                                                             "at (most recent call last):\n  File \"train.py\"\n"
+                                                             "Collective ops is aborted by: Socket closed\nmore"))
+    assert line == ("another worker of the cluster is gone (Collective ops is aborted by: Socket closed): the chief's "
+                    "last checkpoint is intact; restart every worker with the same command to resume from it")
+
+
+# ------------------------------------------------------------------------------------------------
+# One mechanism for staging, what killed runs left, and locks (textio)
+
+
+def dead_pid():
+    """A process id that no process has (above the kernel's largest)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+
+
+def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsys):
+    from textio import atomic_write
+    logdir, _ = model
+    dead, live = dead_pid(), os.getpid()
+    (logdir / "avg_last1-60.data-00000-of-00001.tempstate123").write_bytes(b"half")  # a killed save's
+    code, _, err = run_in_process(capsys, "avg_checkpoints.py", avg_checkpoints.main, "--logdir", logdir, "--last",
+                                  "1")
+    assert code == 0 and not list(logdir.glob("*.tempstate*")) and (logdir / "avg_last1-60.index").exists(), err
+    exports = tmp_path / "exports"
+    for pid in (dead, live):
+        (exports / (".tmp-export-%d-x" % pid) / "model").mkdir(parents=True)
+    (exports / "model").mkdir()
+    (tmp_path / "link").symlink_to(exports / "model")  # an --export_dir given through a link: followed
+    code, _, err = run_in_process(capsys, "export.py", export.main, "--logdir", logdir, "--export_dir",
+                                  tmp_path / "link")
+    assert code == 0, err
+    assert sorted(os.listdir(exports)) == [".tmp-export-%d-x" % live, "model"]
+    assert (tmp_path / "link").is_symlink() and (exports / "model" / "saved_model.pb").exists()
+    for pid in (dead, live):
+        (tmp_path / (".out.txt.%d.abc.tmp" % pid)).write_text("half")
+    atomic_write(tmp_path / "out.txt", "whole\n")
+    assert sorted(name for name in os.listdir(tmp_path) if "out.txt" in name) == [".out.txt.%d.abc.tmp" % live,
+                                                                                 "out.txt"]
+
+
+def test_sigterm_during_a_build_ends_prepro_with_143_and_no_staging(tmp_path, capsys, monkeypatch):
+    from errors import Terminated
+
+    def terminated(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr(databuild, "write_bpe_model", terminated)
+    code, _, err = run_in_process(capsys, "prepro.py", prepro.main, "--n_train", "50", "--data_dir", tmp_path / "d")
+    assert code == 128 + signal.SIGTERM and "interrupted" in err and os.listdir(tmp_path / "d") == [], err
+
+
+def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
+    from datadir import staging_dir
+    data = tmp_path / "data"
+    data.mkdir()
+    with staging_dir(data) as staging:  # another prepro.py building it
+        (staging / "train.1").write_text("being written\n")
+        line = one_line(capsys, "prepro.py", "--n_train", "50", "--n_eval", "5", "--n_test", "5", "--vocab_size",
+                        "60", "--data_dir", data)
+        assert line == "error: %s is being built by another prepro.py: wait for it to end, stop it, or pass another " \
+                       "--data_dir" % data
+        assert (staging / "train.1").read_text() == "being written\n"
+    assert prepro.main(["--n_train", "50", "--n_eval", "5", "--n_test", "5", "--vocab_size", "60", "--data_dir",
+                        str(data)]) == 0
+    assert not list(data.glob(".build-*"))
+
+
+def test_how_each_kind_of_output_path_is_written(tmp_path):
+    from textio import output_target
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "new" / "target")
+    os.mkfifo(tmp_path / "fifo")
+    read_end, write_end = os.pipe()
+    try:
+        assert output_target(tmp_path / "file") == (str(tmp_path / "file"), True)
+        assert output_target(tmp_path / "link") == (str(tmp_path / "file"), True)
+        assert output_target(tmp_path / "dangling") == (str(tmp_path / "new" / "target"), True)
+        assert output_target(tmp_path / "none") == (str(tmp_path / "none"), True)
+        for path in (tmp_path / "fifo", "/dev/null", "/dev/fd/%d" % write_end, "/proc/self/fd/%d" % write_end):
+            assert output_target(path) == (str(path), False), path
+        handle = os.open(tmp_path / "file", os.O_WRONLY)  # /dev/fd/N of a regular file: the opener's, not replaced
+        assert output_target("/dev/fd/%d" % handle) == ("/dev/fd/%d" % handle, False)
+        os.close(handle)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_translate_output_dev_stdout_writes_standard_output(tiny_model, capfd):
+    code, out, err = run_in_process(capfd, "translate.py", translate.main, "--logdir", tiny_model[0], "eins",
+                                    "--output", "/dev/stdout")
+    assert code == 0 and len(out.splitlines()) == 1 and os.path.islink("/dev/stdout"), err

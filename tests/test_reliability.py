@@ -248,7 +248,7 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
         first.wait_for_step(3, steps_per_epoch)
         first.process.send_signal(signal.SIGINT)
         code, out = first.finish()
-    assert code == 0, out
+    assert code == 128 + signal.SIGINT, out
     name, ckpt, step = SAVED.search(out).groups()
     step = int(step)
     assert name == "SIGINT" and ckpt == str(tmp_path / "run" / ("interrupted-%d" % step)) and step >= 3
@@ -262,7 +262,7 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
         second.wait_for_step(max(step + 3, 11), steps_per_epoch)
         second.process.send_signal(signal.SIGTERM)
         code, out = second.finish()
-    assert code == 0, out
+    assert code == 128 + signal.SIGTERM, out
     name, ckpt, step = SAVED.search(out).groups()
     step = int(step)
     epoch, epoch_step = read_checkpoint(ckpt)["training_state"]
@@ -277,6 +277,38 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
     assert code == 0, err
     assert RESUMED.search(out).groups() == (ckpt, str(step), str(epoch + 1))
     assert "done: step %d" % (step + 2) in out
+
+
+@pytest.mark.parametrize("signum, where", [(signal.SIGINT, "dev decode"), (signal.SIGTERM, "save")])
+def test_a_stop_during_a_dev_decode_or_a_save_is_acknowledged_and_saves_one_checkpoint(trained, tmp_path, capfd,
+                                                                                        monkeypatch, signum, where):
+    """The signal arrives in the middle of the dev decode of epoch 2 (which is abandoned at once) or of the save
+    after it (which is finished): one line says so, the weights of step 30 are saved once, and the exit code is the
+    signal's."""
+    logdir = copy_logdir(trained, tmp_path / "run")
+    target, name = (train, "get_hypotheses") if where == "dev decode" else (tf1.train.Saver, "save")
+    real = getattr(target, name)
+    decoded = []
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        decoded.append(where)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, signalled)
+    code, out, err = run_in_process(capfd, "train.py", train.main, "--logdir", logdir, "--max_steps", "40",
+                                    "--lr_schedule", "noam", "--eval_every", "1")
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, err
+    doing = ("abandoning the dev evaluation, saving the checkpoint of step 30" if where == "dev decode" else
+             "finishing the checkpoint being saved")
+    assert err.count("%s: %s, then stopping" % (name, doing)) == 1, err
+    assert decoded == ([] if where == "dev decode" else [where]), "the decode went on after the signal"
+    saved = sorted(path.name for path in logdir.glob("*-30.index"))
+    assert len(saved) == 1 and not saved[0].startswith("interrupted"), saved
+    assert re.search(r"^%s: saved %s at step 30; run the same command to resume$" % (
+        name, re.escape(str(logdir / saved[0][:-len(".index")]))), out, re.M), out
+    assert not (logdir / "dev" / "epoch02.txt").exists() if where == "dev decode" else "_B" in saved[0]
 
 
 def checkpoint_files_being_written(logdir):
@@ -783,15 +815,53 @@ def test_broken_json_files_are_one_line_naming_the_file(data_dir, trained, tmp_p
                 re.escape(str(broken_data / MANIFEST_NAME)), re.escape(str(broken_data)))):
             main(["--logdir", str(trained), "--data_dir", str(broken_data)])
 
-    broken_index = copy_logdir(trained, tmp_path / "index")
-    before = sorted(os.listdir(broken_index))
-    (broken_index / "checkpoint").write_text("model_checkpoint_path: \"E01")
-    good = Path(tf.train.latest_checkpoint(str(trained))).name
-    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", broken_index, "--max_steps", "30")
-    assert_one_error_line(code, err, "%s, the checkpoint index, is damaged" % (broken_index / "checkpoint"), good)
-    assert sorted(os.listdir(broken_index)) == before  # never a fresh start over the old checkpoints
-    with pytest.raises(UserError, match="the checkpoint index, is damaged"):
-        test_cli.main(["--logdir", str(broken_index)])
+
+
+#: How a logdir's checkpoint index gets lost or damaged.
+INDEX_DAMAGES = {"deleted": os.remove, "empty": lambda path: path.write_text(""),
+                 "cut short": lambda path: path.write_text("model_checkpoint_path: \"E01"),
+                 "garbage": lambda path: path.write_bytes(b"\xff\x00 {{")}
+
+
+@pytest.mark.parametrize("damage", INDEX_DAMAGES)
+def test_a_lost_checkpoint_index_is_rebuilt_from_the_checkpoints_on_disk(trained, tmp_path, capsys, damage):
+    logdir = copy_logdir(trained, tmp_path / "run")
+    good = tf.train.latest_checkpoint(str(trained))
+    for path in logdir.glob(Path(good).name + ".*"):  # an older checkpoint, written later: newest by step wins
+        shutil.copy(path, str(path).replace(Path(good).name, "zzz-3"))
+    INDEX_DAMAGES[damage](logdir / "checkpoint")
+    before = sorted(os.listdir(logdir))
+    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir)
+    assert code == 0 and "nothing to do: %s is at step 15" % logdir in out, err  # never a fresh start at step 0
+    assert "note: %s is missing or damaged; the checkpoints on disk are used, the newest %s" % (
+        logdir / "checkpoint", logdir / Path(good).name) in err
+    assert sorted(os.listdir(logdir)) == before
+    assert find_checkpoint(str(logdir)) == str(logdir / Path(good).name)
+
+
+#: Hand edits of hparams.json that leave a key missing or unknown, and the phrase of the line about each.
+KEY_EDITS = [(lambda saved: saved.pop("d_model"), "the key d_model is missing"),
+             (lambda saved: saved.update(dmodel=saved.pop("d_model")), "dmodel is not a key train.py writes"),
+             (lambda saved: saved.pop("data_dir"), "the key data_dir is missing")]
+
+
+def test_missing_or_unknown_hparams_keys_are_refused_before_anything_is_written(trained, tmp_path, capsys):
+    logdir = copy_logdir(trained, tmp_path / "run")
+    saved = json.loads((logdir / "hparams.json").read_text())
+    for edit, phrase in KEY_EDITS:
+        edited = dict(saved)
+        edit(edited)
+        (logdir / "hparams.json").write_text(json.dumps(edited))
+        before = {path.name: path.read_bytes() for path in logdir.iterdir() if path.is_file() and path.name != "train.lock"}
+        for name, main in (("train.py", train.main), ("test.py", test_cli.main)):
+            code, _, err = run_in_process(capsys, name, main, "--logdir", logdir)
+            assert_one_error_line(code, err, "%s: %s" % (logdir / "hparams.json", phrase))
+        assert {path.name: path.read_bytes() for path in logdir.iterdir() if path.is_file() and path.name != "train.lock"} == before
+    (logdir / "hparams.json").unlink()
+    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", logdir, "--data_dir", saved["data_dir"])
+    assert_one_error_line(code, err, "%s holds checkpoints (%s) but no hparams.json" % (
+        logdir, Path(tf.train.latest_checkpoint(str(trained))).name))
+    assert not (logdir / "hparams.json").exists()
 
 
 # ------------------------------------------------------------------------------------------------
