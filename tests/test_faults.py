@@ -742,7 +742,7 @@ def test_closed_standard_input_bad_bytes_and_byte_order_marks_in_arguments(tiny_
 
 
 def test_a_read_only_checkout_falls_back_to_tensorflows_ops(tmp_path, monkeypatch):
-    import kernels
+    from fast import kernels
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     monkeypatch.setattr(kernels, "BUILD_DIR", str(a_file / "build"))  # as unwritable as a read-only checkout
