@@ -177,7 +177,7 @@ def main(argv=None):
         "matmul_gflops_per_s": round(matmul, 1),
         "mfu": round(model_gflops / matmul, 3),
         **same_dtype_mfu(hp, config, model_gflops),
-        "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
+        "impl": hp.impl, "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type, "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
         **runtime.machine_summary(), "onednn_isa": runtime.onednn_isa(),
         "allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
