@@ -211,9 +211,11 @@ CHECKPOINT_STEP = re.compile(r"-(\d+)$")
 
 def checkpoints_on_disk(logdir):
     """A CheckpointState listing the checkpoints in logdir (their .index files), oldest first by global step (then
-    by time), with a note on stderr naming the newest; None when there is none."""
+    by time), with a note on stderr naming the newest; None when there is none. The best checkpoint (BEST-STEP),
+    which the index never lists, counts only when no other is left."""
     names = [name[:-len(".index")] for name in os.listdir(logdir) if name.endswith(".index")] if os.path.isdir(
         logdir) else []
+    names = [name for name in names if not name.startswith(BEST + "-")] or names
     paths = sorted((os.path.join(logdir, name) for name in names if CHECKPOINT_STEP.search(name)),
                    key=lambda path: (int(CHECKPOINT_STEP.search(path).group(1)), os.path.getmtime(path + ".index")))
     if not paths:
