@@ -3,15 +3,21 @@
     python scripts/bench_train.py --data_dir data/multi30k [--steps 40] [model and batching flags of train.py]
 
 Reports real (non-pad) source and target tokens/s (median over the timed steps, after warm-up; for the target
-side also the mean, total tokens over total time), the padding fraction, step time, graph build time, peak RSS,
-model FLOPs per step counted from the model's shapes, and their ratio to a 2048x2048 fp32 matmul's FLOP/s
-measured here (mfu); with bf16 or fp16 products also the same matmul in that dtype and the ratio to it (mfu_bf16).
-The last line is one JSON object.
+side also the mean, total tokens over total time), real tokens per sentence, the padding fraction, step time,
+graph build time, peak RSS, model FLOPs per step counted from the model's shapes (scripts/model_flops.py), and
+their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu); with bf16 or fp16 products also the same
+matmul in that dtype and the ratio to it (mfu_bf16). The last line is one JSON object.
 
 The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
 ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
 the time per op type (RunMetadata step stats), in ms per step, largest first: the profile of docs/performance.md,
 and its sums over the matrix products and over all other ops.
+
+With --flags_from_stdin it measures one model per line of stdin (a JSON list of train.py flags added to those on
+the command line) as the lines come, each in a tf.Graph and session of its own, TensorFlow imported and the matmul
+read once for all: a JSON line {"graph_build_s": seconds} when a graph is built, then its result (or {"error":
+why}); scripts/recipe.py measures its candidates so and stops it when its time is up. peak_rss_mb is then the
+process's peak so far.
 
 Timed steps are steady-state steps: the first step on each new batch shape builds oneDNN kernels for it (a
 one-time cost of the first epoch), so such steps are counted apart (new_shape_steps, new_shape_step_s) and
@@ -38,6 +44,7 @@ from data_load import get_batch  # noqa: E402
 from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
+from model_flops import forward_flops  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -56,16 +63,6 @@ def matmul_gflops(config, n=2048, repeats=10, dtype=tf.float32):
                 sess.run(product)
                 times.append(time.perf_counter() - start)
     return 2.0 * n ** 3 / np.median(times) / 1e9
-
-
-def forward_flops(hp, n, t1, t2, target_tokens):
-    """Multiply-add FLOPs (2 per MAC) of one forward pass on a padded batch (n, t1) -> (n, t2) whose output layer
-    scores the target_tokens real (non-pad) target tokens only, as model.Transformer.loss does."""
-    d, f = hp.d_model, hp.d_ff
-    encoder = 2 * n * t1 * (4 * d * d + 2 * d * f) + 2 * 2 * n * t1 * t1 * d
-    decoder = (2 * n * t2 * (6 * d * d + 2 * d * f) + 2 * n * t1 * 2 * d * d
-               + 2 * 2 * n * t2 * t2 * d + 2 * 2 * n * t2 * t1 * d)
-    return hp.num_blocks * (encoder + decoder) + 2 * target_tokens * d * hp.vocab_size
 
 
 def op_type(node_stats):
@@ -87,13 +84,16 @@ def profile_ops(sess, fetches, steps):
     return {op: round(ms, 2) for op, ms in totals.most_common()}
 
 
-def same_dtype_mfu(hp, config, model_gflops):
-    """With 16-bit matrix products: the 2048^2 matmul in that dtype here and the model's share of it."""
+def same_dtype_mfu(hp, config, model_gflops, matmuls):
+    """With 16-bit matrix products: the 2048^2 matmul in that dtype here (read once per process, kept in matmuls
+    {dtype: GFLOP/s}) and the model's share of it."""
     if hp.precision == "fp32":
         return {}
-    matmul = matmul_gflops(config, dtype=COMPUTE_DTYPES[hp.precision])
-    return {"matmul_%s_gflops_per_s" % hp.precision: round(matmul, 1),
-            "mfu_%s" % hp.precision: round(model_gflops / matmul, 3)}
+    dtype = COMPUTE_DTYPES[hp.precision]
+    if dtype not in matmuls:
+        matmuls[dtype] = matmul_gflops(config, dtype=dtype)
+    return {"matmul_%s_gflops_per_s" % hp.precision: round(matmuls[dtype], 1),
+            "mfu_%s" % hp.precision: round(model_gflops / matmuls[dtype], 3)}
 
 
 def matmul_share(profile):
@@ -114,30 +114,26 @@ def resolve_hparams(train_flags):
     return hp, manifest
 
 
-def main(argv=None):
-    bench = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--steps", type=int, default=40, help="timed steps on batch shapes seen before")
-    bench.add_argument("--warmup", type=int, default=10, help="untimed steps first")
-    bench.add_argument("--max_steps", type=int, default=400, help="stop after this many steps in all")
-    bench.add_argument("--profile", type=int, default=0, help="trace this many steps after the timed ones")
-    args, rest = bench.parse_known_args(argv)
-    hp, manifest = resolve_hparams(rest)
-    tf1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
+def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
+    """bench_train's result (a dict, the JSON it prints) for train.py's resolved flags hp: the graph built in a
+    tf.Graph of its own and stepped in a session of its own. args: the benchmark's flags (--warmup, --steps,
+    --max_steps, --profile); matmuls: {dtype: GFLOP/s} of the 2048^2 matmul here, fp32 read already; built(seconds)
+    is called once the graph is built."""
     config = runtime.session_config(hp)
-    matmul = matmul_gflops(config)
-
     start = time.time()
-    tf1.set_random_seed(hp.seed)
-    batches, _, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size, shuffle=True,
-                                 batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate,
-                                 growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
-    xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
-    train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op
-    shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]
+    with tf.Graph().as_default() as graph:
+        tf1.set_random_seed(hp.seed)
+        batches, _, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size,
+                                     shuffle=True, batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate,
+                                     growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
+        xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
+        train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op
+        shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]
+        init = tf1.global_variables_initializer()
     graph_build_s = time.time() - start
-    with tf1.Session(config=config) as sess:
-        sess.run(tf1.global_variables_initializer())
+    built(graph_build_s)
+    with tf1.Session(graph=graph, config=config) as sess:
+        sess.run(init)
         seen = set()
         for _ in range(args.warmup):
             _, (n, t1), (_, t2) = sess.run([train_op] + shapes[:2])
@@ -160,11 +156,14 @@ def main(argv=None):
     flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
     step_s = float(np.median(seconds))
     model_gflops = float(np.median(flops / seconds) / 1e9)
+    matmul = matmuls[tf.float32]
     result = {
         "real_src_tokens_per_s": round(float(np.median(real1 / seconds)), 1),
         "real_tgt_tokens_per_s": round(float(np.median(real2 / seconds)), 1),
         "real_tgt_tokens_per_s_mean": round(float(real2.sum() / seconds.sum()), 1),  # over the timed steps
         "padding_fraction": round(float(1 - (real1.sum() + real2.sum()) / (n * t1 + n * t2).sum()), 4),
+        "real_src_tokens_per_sentence": round(float(real1.sum() / n.sum()), 2),
+        "real_tgt_tokens_per_sentence": round(float(real2.sum() / n.sum()), 2),
         "step_s": round(step_s, 4),
         "timed_steps": len(steps),
         "new_shape_steps": len(new_shape_seconds),
@@ -176,7 +175,7 @@ def main(argv=None):
         "model_gflops_per_s": round(model_gflops, 1),
         "matmul_gflops_per_s": round(matmul, 1),
         "mfu": round(model_gflops / matmul, 3),
-        **same_dtype_mfu(hp, config, model_gflops),
+        **same_dtype_mfu(hp, config, model_gflops, matmuls),
         "impl": hp.impl, "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type,
         "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
@@ -185,7 +184,45 @@ def main(argv=None):
     }
     if profile:
         result.update(matmul_share(profile), profile_ms_per_step=profile)
-    print(json.dumps(result))
+    return result
+
+
+def print_json(value):
+    print(json.dumps(value), flush=True)
+
+
+def measure_each_from_stdin(common_flags, args, matmuls):
+    """--flags_from_stdin: for each line of stdin (a JSON list of train.py flags, added to common_flags) as it
+    comes, one JSON line once its graph is built ({"graph_build_s": seconds}), then its result, or {"error": why}
+    when its flags or its measurement are refused. Ends at the end of stdin."""
+    for line in iter(sys.stdin.readline, ""):
+        try:
+            hp, manifest = resolve_hparams(common_flags + json.loads(line))
+            result = measure(hp, manifest, args, matmuls, built=lambda s: print_json({"graph_build_s": round(s, 2)}))
+        except UserError as error:
+            result = {"error": str(error)}
+        print_json(result)
+
+
+def main(argv=None):
+    bench = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--steps", type=int, default=40, help="timed steps on batch shapes seen before")
+    bench.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    bench.add_argument("--max_steps", type=int, default=400, help="stop after this many steps in all")
+    bench.add_argument("--profile", type=int, default=0, help="trace this many steps after the timed ones")
+    bench.add_argument("--flags_from_stdin", action="store_true",
+                       help="measure one model per line of stdin (a JSON list of train.py flags, added to those "
+                            "given here), each in its own graph, printing a JSON line when its graph is built and "
+                            "one with its result; TensorFlow is imported and the matmul read once for all")
+    args, rest = bench.parse_known_args(argv)
+    hp, manifest = resolve_hparams(rest)
+    tf1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    matmuls = {tf.float32: matmul_gflops(runtime.session_config(hp))}
+    if args.flags_from_stdin:
+        measure_each_from_stdin(rest, args, matmuls)
+    else:
+        print_json(measure(hp, manifest, args, matmuls))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """The Multi30k German->English recipe under a wall-time budget, end to end (scripts/multi30k.sh runs it).
 
     python scripts/recipe.py --minutes 60 [--logdir runs/multi30k_60m] [--data_dir data/multi30k]
-                             [--candidates NAME,NAME] [--table scripts/recipe_table.json]
+                             [--candidates NAME,NAME] [--table scripts/recipe_table.json] [--choose_only]
 
 The model is chosen from the candidates of scripts/recipe_table.json (train.py flags, and the dev BLEU each reached
 after a measured number of real target tokens trained) by the training budget this machine can buy
 (docs/recipe.md). Phases, each command printed before it runs:
   prepro   the joint BPE vocabulary and segmented corpus, from ../shared/data/multi30k when present, else downloaded
-  measure  each candidate that can be chosen (one with measured runs): its real target tokens/s here, the median of
-           MEASURE_STEPS steady-state steps of scripts/bench_train.py after MEASURE_WARMUP untimed ones; all of it
-           within MEASURE_SHARE of the budget (a candidate not measured by then can not be chosen). Skipped when
-           the choice can not depend on it (choice_without_measuring)
+  measure  real target tokens/s here, the median of MEASURE_STEPS steady-state steps after MEASURE_WARMUP untimed
+           ones, in one scripts/bench_train.py process (one graph per candidate): the first candidate first; then
+           each other one whose dev BLEU the table can predict at ESTIMATE_SLACK x the target tokens estimated for
+           it from the first one's speed (model FLOPs per token), as no other could be chosen. All of it within
+           MEASURE_SHARE of the budget plus the first graph build (a candidate not measured by then can not be
+           chosen). Skipped when the choice can not depend on it (choice_without_measuring)
   choose   for each, the target tokens it would train in the time left (tokens/s x seconds) and the dev BLEU the
            table predicts at that budget; the highest wins (scripts/recipe_table.py has the rule)
   train    the chosen flags with --max_minutes = what is left of the budget minus POST_TRAIN_MINUTES; the learning
@@ -18,16 +20,22 @@ after a measured number of real target tokens trained) by the training budget th
   test     test2016 with the last checkpoint, greedy and with beam BEAM_SIZE, length penalty LENGTH_PENALTY
            (averaging the last checkpoints did not pay on dev once the learning rate decays to 0: docs/recipe.md)
 Then it prints a results table (the choice, BLEU, steps, epochs, tokens/s, wall time per phase, CPU, ISA flags,
-precision) and writes it, with what was measured and predicted, as JSON to LOGDIR/recipe.json.
+precision) and writes it, with what was measured and predicted, as JSON to LOGDIR/recipe.json. With --choose_only it
+stops after the choice and writes nothing but the data dir.
 """
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
+import queue
 import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -35,6 +43,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import recipe_table  # noqa: E402
 import runtime  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
+from hparams import Hparams  # noqa: E402
+from model_flops import forward_flops  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
 BEAM_SIZE, LENGTH_PENALTY = 4, 1.2
@@ -42,9 +52,18 @@ BEAM_SIZE, LENGTH_PENALTY = 4, 1.2
 POST_TRAIN_MINUTES = 2.5
 #: bench_train.py per candidate: untimed steps, timed steady-state steps, and the most steps after the untimed ones
 #: (the first step on each new batch shape builds kernels and is not timed).
-MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS = 3, 5, 20
-#: The share of the budget the measurement may take in all.
-MEASURE_SHARE = 0.1
+MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS = 2, 3, 20
+#: The share of the budget measuring may take in all, the first candidate's graph build not counted.
+MEASURE_SHARE = 0.02
+#: Another candidate than the first is measured only when the table can predict it at this many times the target
+#: tokens estimated for it from the first one's speed: the estimate counts FLOPs only, and leaving out a candidate
+#: the table could predict (and choose) costs more than measuring one it then can not.
+ESTIMATE_SLACK = 1.25
+#: Seconds the measuring process has to end after it is told to terminate, before it is killed.
+STOP_WAIT_S = 5
+#: What Bench.message returns when its deadline passes first.
+TIMEOUT = object()
+OUT_OF_TIME = "not measured: the measurement's share of the budget ran out"
 EPOCH_LINE = re.compile(r"^epoch (\d+) \| step (\d+) \| loss [\d.]+ \| (\d+) tgt tok/s")
 
 
@@ -90,33 +109,117 @@ def matmul_gflops():
     return float(output.stdout.strip().splitlines()[-1])
 
 
-def bench_result(stdout):
-    """The JSON object on the last line of bench_train.py's output; a ValueError when there is none."""
-    lines = stdout.strip().splitlines()
-    result = json.loads(lines[-1]) if lines else None
-    if not isinstance(result, dict) or "real_tgt_tokens_per_s" not in result:
-        raise ValueError("its last line is not its JSON result")
-    return result
+@dataclasses.dataclass
+class Speed:
+    """A candidate's speed here: real target tokens/s (None: not measured) and what it is (or why there is none);
+    result: bench_train.py's JSON; uncounted_s: seconds of the measurement not counted against its allowance (the
+    first candidate's graph build)."""
+    tokens_per_s: Optional[float]
+    note: str
+    result: Optional[dict] = None
+    uncounted_s: float = 0.0
 
 
-def bench_speed(flags, data_dir, timeout, log):
-    """(real target tokens/s, what it is) of a candidate's train.py flags here, from scripts/bench_train.py run for
-    at most timeout seconds; (None, why not) when it ran out of time or failed."""
-    command = [sys.executable, "scripts/bench_train.py", "--data_dir", data_dir, "--warmup", str(MEASURE_WARMUP),
-               "--steps", str(MEASURE_STEPS), "--max_steps", str(MEASURE_MAX_STEPS)] + flags
-    print("$ " + " ".join(command), flush=True)
-    try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, "not measured: the measurement's share of the budget ran out during it"
-    log.write(proc.stderr + proc.stdout)
-    try:
-        if proc.returncode:
-            raise ValueError((proc.stderr.strip().splitlines() or ["exit code %d" % proc.returncode])[-1])
-        result = bench_result(proc.stdout)
-    except ValueError as error:
-        return None, "measurement failed: %s" % error
-    return result["real_tgt_tokens_per_s"], "median of %d steady-state steps" % result["timed_steps"]
+def bench_command(data_dir):
+    """scripts/bench_train.py measuring, one after the other, the models whose flags come on its stdin."""
+    return [sys.executable, "scripts/bench_train.py", "--data_dir", data_dir, "--warmup", str(MEASURE_WARMUP),
+            "--steps", str(MEASURE_STEPS), "--max_steps", str(MEASURE_MAX_STEPS), "--flags_from_stdin"]
+
+
+class Bench:
+    """One measuring process for every candidate (bench_command): TensorFlow imported and the matmul read once,
+    each candidate's graph built in its own tf.Graph. Its output is read as it comes (a thread queues the lines,
+    which go to the log), so a measurement is cut off when its time is up: the process is stopped then, and on
+    leaving the `with` block."""
+
+    def __init__(self, command, log):
+        print("$ " + " ".join(command), flush=True)
+        self.proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines, self.log, self.last_text, self.out_of_time = queue.Queue(), log, "", False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()
+
+    def stop(self):
+        """Ends the process: terminate, then kill if it has not ended after STOP_WAIT_S."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+
+    def message(self, deadline):
+        """The next JSON object the process prints (other lines go to the log), None when it has ended, or
+        TIMEOUT when time.monotonic() passes deadline (None: no deadline) before it comes."""
+        while True:
+            try:
+                line = self.lines.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                return TIMEOUT
+            if line is None:
+                return None
+            self.log.write(line)
+            with contextlib.suppress(ValueError):
+                message = json.loads(line)
+                if isinstance(message, dict):
+                    return message
+            self.last_text = line.strip() or self.last_text
+
+    def measure(self, flags, seconds, count_build):
+        """The Speed of a candidate's train.py flags here, measured in at most `seconds`, its graph build included
+        when count_build (else the time runs from when the build is reported, and the build is uncounted_s). Once
+        one has run out of time, the process is stopped and no other is measured."""
+        if self.out_of_time:
+            return Speed(None, OUT_OF_TIME)
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(json.dumps(flags) + "\n")
+            self.proc.stdin.flush()
+        start, uncounted = time.monotonic(), 0.0
+        deadline = start + seconds if count_build else None
+        while True:
+            message = self.message(deadline)
+            if message is TIMEOUT:
+                self.stop()
+                self.out_of_time = True
+                return Speed(None, OUT_OF_TIME, None, uncounted)
+            if message is None:
+                return Speed(None, "measurement failed: %s" % (self.last_text or "the process ended"), None, uncounted)
+            if "error" in message:
+                return Speed(None, "measurement failed: %s" % message["error"], None, uncounted)
+            if "real_tgt_tokens_per_s" in message:
+                return Speed(message["real_tgt_tokens_per_s"], "median of %d steady-state steps" %
+                             message["timed_steps"], message, uncounted)
+            if not count_build and "graph_build_s" in message:
+                uncounted = message["graph_build_s"]
+                deadline = start + seconds + uncounted
+
+
+def estimated_speed(table, name, reference_name, reference):
+    """An estimate of candidate `name`'s real target tokens/s here from the reference candidate's measured Speed:
+    that speed times the ratio of their model FLOPs per real target token (model_flops.forward_flops, on sentences
+    of the lengths measured). FLOPs only: how the batch size, dropout and each shape's fit to the CPU change the
+    speed is left out, so it is rough (ESTIMATE_SLACK)."""
+    src, tgt = (reference.result["real_%s_tokens_per_sentence" % side] for side in ("src", "tgt"))
+
+    def flops(candidate):
+        hp = Hparams().parser.parse_args(recipe_table.train_flags(table, candidate))
+        hp.vocab_size = reference.result["vocab_size"]
+        return forward_flops(hp, 1, src, tgt, tgt)
+    return reference.tokens_per_s * flops(reference_name) / flops(name)
 
 
 def choice_without_measuring(table, names):
@@ -127,26 +230,36 @@ def choice_without_measuring(table, names):
     return names[0] if len(names) == 1 or with_runs in ([], names[:1]) else None
 
 
-def measure_speeds(table, names, allowance, measure, clock=time.time):
-    """{name: (real target tokens/s or None, what it is)} for candidates `names`, measured one after the other
-    with measure(train.py flags, seconds it may take) while the allowance (seconds) lasts. Candidates without
-    measured runs are not measured: they can not be chosen."""
-    speeds, start = {}, clock()
-    for name in names:
-        left = allowance - (clock() - start)
-        if not recipe_table.runs_of(table, name):
-            speeds[name] = None, "not measured: no measured runs in the table"
-        elif left <= 0:
-            speeds[name] = None, "not measured: the measurement's share of the budget ran out"
+def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time.monotonic):
+    """{name: Speed} of candidates `names` (the table's order), measured with measure(train.py flags, seconds it
+    may take, whether its graph build counts) while the allowance (seconds) lasts.
+
+    The first is measured first, its graph build not counted: its Speed is the reference of estimate_tokens(name,
+    first's Speed), the target tokens another candidate would train here (None: no estimate). Another candidate is
+    measured only when the table can predict its dev BLEU at ESTIMATE_SLACK times that estimate: else measuring it
+    could not change the choice. Candidates without measured runs are never measured but the first."""
+    start = clock()
+    first = measure(recipe_table.train_flags(table, names[0]), allowance, False)
+    speeds, allowance = {names[0]: first}, allowance + first.uncounted_s
+    for name in names[1:]:
+        runs, estimate = recipe_table.runs_of(table, name), estimate_tokens(name, first)
+        if not runs:
+            speeds[name] = Speed(None, "not measured: no measured runs in the table")
+        elif estimate is not None and recipe_table.predict_at(table, name, ESTIMATE_SLACK * estimate).bleu is None:
+            speeds[name] = Speed(None, "not measured: the table has no prediction below %.2f M tokens (about %.2f M "
+                                       "estimated here)" % (recipe_table.budget_points(runs)[0][0] / 1e6,
+                                                            estimate / 1e6))
+        elif allowance - (clock() - start) <= 0:
+            speeds[name] = Speed(None, OUT_OF_TIME)
         else:
-            speeds[name] = measure(recipe_table.train_flags(table, name), left)
+            speeds[name] = measure(recipe_table.train_flags(table, name), allowance - (clock() - start), True)
     return speeds
 
 
 def predictions(table, speeds, seconds):
     """{name: recipe_table.Prediction} of the candidates of speeds (measure_speeds) for `seconds` of training."""
-    return {name: recipe_table.predict(table, name, tokens_per_s, seconds) if tokens_per_s is not None
-            else recipe_table.Prediction(None, None, None, note) for name, (tokens_per_s, note) in speeds.items()}
+    return {name: recipe_table.predict(table, name, speed.tokens_per_s, seconds) if speed.tokens_per_s is not None
+            else recipe_table.Prediction(None, None, None, speed.note) for name, speed in speeds.items()}
 
 
 def choice_lines(predicted, chosen, reason):
@@ -162,9 +275,9 @@ def choice_lines(predicted, chosen, reason):
     return lines + ["chose %s: %s" % (chosen, reason)]
 
 
-def choice_record(predicted, chosen, reason, flags):
-    """The choice as recipe.json keeps it."""
-    return {"chosen": chosen, "reason": reason, "flags": flags,
+def choice_record(predicted, chosen, reason, flags, measuring):
+    """The choice as recipe.json keeps it; measuring: its seconds (measuring_record), None when skipped."""
+    return {"chosen": chosen, "reason": reason, "flags": flags, "measuring": measuring,
             "candidates": {name: {"tokens_per_s": p.tokens_per_s, "predicted_tokens": p.tokens,
                                   "predicted_dev_bleu": p.bleu, "how": p.basis} for name, p in predicted.items()}}
 
@@ -191,8 +304,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Here MEASURE_WARMUP = %d, MEASURE_STEPS = %d (of at most %d after the warm-up), MEASURE_SHARE = %g, "
-               "POST_TRAIN_MINUTES = %g." % (MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS, MEASURE_SHARE,
-                                             POST_TRAIN_MINUTES))
+               "ESTIMATE_SLACK = %g, POST_TRAIN_MINUTES = %g." % (MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS,
+                                                                  MEASURE_SHARE, ESTIMATE_SLACK, POST_TRAIN_MINUTES))
     parser.add_argument("--minutes", type=float, default=60, help="wall-time budget of the whole recipe")
     parser.add_argument("--data_dir", default="data/multi30k", help="data dir (reused when it exists)")
     parser.add_argument("--logdir", help="where the model goes; must not exist yet (default runs/multi30k_MINUTESm)")
@@ -200,6 +313,9 @@ def parse_args(argv):
                                              "(default: all); one name trains it without measuring anything")
     parser.add_argument("--table", default=recipe_table.TABLE_PATH,
                         help="the candidates and their measured runs (docs/recipe.md describes the file)")
+    parser.add_argument("--choose_only", action="store_true",
+                        help="prepare the data, measure and choose for --minutes, print the choice and stop: "
+                             "what would it train here? Nothing is trained and no logdir is written")
     return parser.parse_args(argv)
 
 
@@ -224,28 +340,65 @@ def say(lines, log):
     log.write(text)
 
 
+def train_seconds_left(minutes, start):
+    """The seconds of training left of a budget of `minutes` begun at time.time() `start`."""
+    return (minutes - POST_TRAIN_MINUTES) * 60 - (time.time() - start)
+
+
+def measuring_record(seconds, allowance, speeds):
+    """How long measuring took against what it may take, as recipe.json keeps it."""
+    uncounted = sum(speed.uncounted_s for speed in speeds.values())
+    return {"seconds": round(seconds, 1), "allowance_s": round(allowance, 1), "uncounted_s": round(uncounted, 1)}
+
+
+def measure_here(table, names, args, start, log):
+    """measure_speeds with the measuring process (Bench), estimates from the first candidate's speed and the
+    training time left. Returns the speeds and measuring_record."""
+    allowance, measure_start = MEASURE_SHARE * args.minutes * 60, time.time()
+
+    def estimate_tokens(name, first):
+        if first.tokens_per_s is None:
+            return None
+        return estimated_speed(table, name, names[0], first) * train_seconds_left(args.minutes, start)
+    with Bench(bench_command(args.data_dir), log) as bench:
+        speeds = measure_speeds(table, names, allowance, bench.measure, estimate_tokens)
+    return speeds, measuring_record(time.time() - measure_start, allowance, speeds)
+
+
 def choose_model(table, names, args, start, log):
     """Measures the candidates here, predicts and chooses (printing each), unless the choice can not depend on it.
     Returns the choice (as recipe.json keeps it) and the minutes left for training."""
-    chosen = choice_without_measuring(table, names)
+    chosen, predicted, measuring = choice_without_measuring(table, names), {}, None
     if chosen:
         reason = ("the only candidate allowed" if len(names) == 1 else
                   "no other candidate has measured runs, so measuring could not change the choice")
         say(["measure: skipped; chose %s: %s" % (chosen, reason)], log)
     else:
-        speeds = measure_speeds(table, names, MEASURE_SHARE * args.minutes * 60,
-                                lambda flags, timeout: bench_speed(flags, args.data_dir, timeout, log))
-    train_seconds = (args.minutes - POST_TRAIN_MINUTES) * 60 - (time.time() - start)
+        speeds, measuring = measure_here(table, names, args, start, log)
+        say(["measure: %.1f s (%.1f s allowed, %g%% of the budget, and %.1f s of the first candidate's graph build "
+             "not counted)" % (measuring["seconds"], measuring["allowance_s"], 100 * MEASURE_SHARE,
+                               measuring["uncounted_s"])], log)
+    train_seconds = train_seconds_left(args.minutes, start)
     if train_seconds <= 0:
         raise UserError("--minutes %g: no time is left to train after preparing the data and measuring" %
                         args.minutes)
-    predicted = {}
     if not chosen:
         predicted = predictions(table, speeds, train_seconds)
         chosen, reason = recipe_table.choose(predicted, names)
         say(["", "for %.1f minutes of training:" % (train_seconds / 60)] + choice_lines(predicted, chosen, reason)
             + [""], log)
-    return choice_record(predicted, chosen, reason, recipe_table.train_flags(table, chosen)), train_seconds / 60
+    flags = recipe_table.train_flags(table, chosen)
+    return choice_record(predicted, chosen, reason, flags, measuring), train_seconds / 60
+
+
+def prepare_and_choose(table, names, args, start, log, seconds):
+    """prepro, then choose_model, for a budget begun at `start`; each phase's wall time goes to seconds. Returns
+    choose_model's."""
+    _, seconds["prepro"] = run(prepro_command(args.data_dir), log)
+    measure_start = time.time()
+    chosen = choose_model(table, names, args, start, log)
+    seconds["measure and choose"] = time.time() - measure_start
+    return chosen
 
 
 def decode_test2016(logdir, log, seconds):
@@ -265,18 +418,19 @@ def main(argv=None):
     table = recipe_table.load_table(args.table)
     names = allowed_candidates(table, args.candidates)
     logdir = args.logdir or "runs/multi30k_%gm" % args.minutes
-    if os.path.exists(os.path.join(ROOT, logdir)):
+    if os.path.exists(os.path.join(ROOT, logdir)) and not args.choose_only:
         raise UserError("%s exists: the recipe trains from scratch; remove it or pass another --logdir" % logdir)
     if args.minutes <= POST_TRAIN_MINUTES + 1:
         raise UserError("--minutes %g leaves no time to train: give more than %g" % (args.minutes,
                                                                                    POST_TRAIN_MINUTES + 1))
     start, seconds = time.time(), {}
+    if args.choose_only:
+        with open(os.devnull, "w", encoding="utf-8") as log:
+            prepare_and_choose(table, names, args, start, log, seconds)
+        return 0
     os.makedirs(os.path.join(ROOT, logdir))
     with open(os.path.join(ROOT, logdir, "recipe.log"), "w", encoding="utf-8") as log:
-        _, seconds["prepro"] = run(prepro_command(args.data_dir), log)
-        measure_start = time.time()
-        choice, train_minutes = choose_model(table, names, args, start, log)
-        seconds["measure and choose"] = time.time() - measure_start
+        choice, train_minutes = prepare_and_choose(table, names, args, start, log, seconds)
         train_output, seconds["train"] = run(
             [sys.executable, "train.py", "--data_dir", args.data_dir, "--logdir", logdir] + choice["flags"]
             + ["--max_minutes", "%.2f" % train_minutes], log)

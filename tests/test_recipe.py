@@ -1,9 +1,11 @@
 """The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py), its table file, the run that
 scripts/add_recipe_run.py adds to it and the tables scripts/plot_recipe.py writes. Speeds are injected: nothing here
 is timed, and nothing trains."""
+import io
 import json
 import math
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -196,24 +198,80 @@ def test_measuring_is_skipped_only_when_it_can_not_change_the_choice():
     assert recipe.choice_without_measuring(names_with_runs("small", "big"), ["small", "big"]) is None
 
 
-def test_candidates_are_measured_in_turn_until_the_measurement_allowance_is_spent():
-    table = make_table([run(name, 1e6, 30.0) for name in ("small", "big", "last")],
-                       names=("small", "empty", "big", "last"))
-    now, calls = [0.0], []
+class FakeMeasure:
+    """measure_speeds' measure(flags, seconds, count_build) on a fake clock: each candidate (by --d_model) builds
+    its graph in build[d_model] s and steps in steps[d_model] s; a measurement whose counted time is longer than it
+    may take is cut off at its limit, as Bench cuts the measuring process."""
 
-    def measure(flags, timeout):  # small takes 70 s, big 40 s of the 100 s allowed
-        calls.append((flags[1], timeout))
-        now[0] += 70 if flags[1] == "256" else 40
-        return 1000.0 + now[0], "measured"
-    speeds = recipe.measure_speeds(table, ["small", "empty", "big", "last"], 100, measure, clock=lambda: now[0])
-    assert calls == [("256", 100), ("512", 30)]
-    assert speeds == {"small": (1070.0, "measured"), "empty": (None, "not measured: no measured runs in the table"),
-                      "big": (1110.0, "measured"),
-                      "last": (None, "not measured: the measurement's share of the budget ran out")}
+    def __init__(self, build, steps):
+        self.build, self.steps, self.now, self.calls = build, steps, 0.0, []
+
+    def __call__(self, flags, seconds, count_build):
+        d_model = flags[1]
+        self.calls.append((d_model, seconds, count_build))
+        uncounted = 0.0 if count_build else self.build[d_model]
+        took = self.build[d_model] + self.steps[d_model] - uncounted
+        if took > seconds:
+            self.now += seconds + uncounted
+            return recipe.Speed(None, recipe.OUT_OF_TIME, None, uncounted)
+        self.now += took + uncounted
+        return recipe.Speed(float(d_model), "measured", {"d_model": d_model}, uncounted)
+
+
+def test_a_candidate_is_measured_only_when_the_table_can_predict_it_at_the_budget_estimated_from_the_first():
+    # the first (small) is the reference; mid's runs start at 2 M tokens, big's at 10 M
+    table = make_table([run("small", 1e6, 30.0), run("mid", 2e6, 33.0), run("big", 1e7, 38.0)],
+                       names=("small", "empty", "mid", "big"))
+    table["candidates"][2]["flags"] = ["--d_model", "384"]
+    measure = FakeMeasure({"256": 5, "384": 6, "512": 7}, {"256": 1, "384": 1, "512": 1})
+    estimates = {"empty": 9e9, "mid": 1.7e6, "big": 7.9e6}  # 1.25 x: mid 2.125 M (>= 2 M), big 9.875 M (< 10 M)
+    seen = []
+
+    def estimate_tokens(name, first):
+        seen.append((name, first.tokens_per_s))
+        return estimates[name]
+    speeds = recipe.measure_speeds(table, ["small", "empty", "mid", "big"], 100, measure, estimate_tokens,
+                                   clock=lambda: measure.now)
+    assert measure.calls == [("256", 100, False), ("384", 99, True)]  # small's 5 s build is not counted
+    assert seen == [("empty", 256.0), ("mid", 256.0), ("big", 256.0)]
+    assert speeds["mid"].tokens_per_s == 384.0
+    assert speeds["empty"].note == "not measured: no measured runs in the table"
+    assert speeds["big"] == recipe.Speed(
+        None, "not measured: the table has no prediction below 10.00 M tokens (about 7.90 M estimated here)")
+    # without an estimate (the first could not be measured) nothing is left out for it
+    measure.calls.clear()
+    recipe.measure_speeds(table, ["small", "big"], 100, measure, lambda name, first: None, clock=lambda: measure.now)
+    assert [d_model for d_model, _, _ in measure.calls] == ["256", "512"]
+
+
+def test_the_allowance_cuts_measuring_and_the_first_graph_build_is_not_counted():
+    table = make_table([run(name, 1e6, 30.0) for name in ("small", "mid", "big", "last")],
+                       names=("small", "mid", "big", "last"))
+    for candidate, d_model in zip(table["candidates"], ("256", "384", "512", "640")):
+        candidate["flags"] = ["--d_model", d_model]
+    # allowance 24 s: small builds 30 s (not counted) and steps 20 s; mid gets the 4 s left and is cut off there
+    measure = FakeMeasure({"256": 30, "384": 3, "512": 3, "640": 3}, {"256": 20, "384": 3, "512": 3, "640": 3})
+    speeds = recipe.measure_speeds(table, ["small", "mid", "big", "last"], 24, measure, lambda name, first: 1e7,
+                                   clock=lambda: measure.now)
+    assert measure.calls == [("256", 24, False), ("384", 4, True)]
+    assert speeds["small"] == recipe.Speed(256.0, "measured", {"d_model": "256"}, 30)
+    assert [speeds[name].note for name in ("mid", "big", "last")] == [recipe.OUT_OF_TIME] * 3
+    assert measure.now == 54  # 30 s of build + the 24 s allowed
     predicted = recipe.predictions(table, speeds, 1000)
-    assert predicted["small"].tokens == 1070000.0 and predicted["small"].bleu == 30.0
-    assert predicted["last"] == recipe_table.Prediction(
-        None, None, None, "not measured: the measurement's share of the budget ran out")
+    assert (predicted["small"].tokens, predicted["small"].bleu) == (256000.0, None)
+    assert predicted["last"] == recipe_table.Prediction(None, None, None, recipe.OUT_OF_TIME)
+
+
+def test_a_speed_is_estimated_from_the_first_candidates_by_the_ratio_of_model_flops():
+    # d_model 2, d_ff 3, vocabulary 5, sentences of 1 source and 1 target token: one block 188 FLOPs a forward
+    # pass, two blocks 2 * 168 + 20 = 356 (tests/test_benches.py has the hand count)
+    table = {"train_flags": ["--d_model", "2", "--d_ff", "3", "--num_heads", "1"], "runs": [],
+             "candidates": [{"name": "one", "flags": ["--num_blocks", "1"]},
+                            {"name": "two", "flags": ["--num_blocks", "2"]}]}
+    first = recipe.Speed(712.0, "measured", {"real_src_tokens_per_sentence": 1, "real_tgt_tokens_per_sentence": 1,
+                                             "vocab_size": 5})
+    assert recipe.estimated_speed(table, "two", "one", first) == pytest.approx(712.0 * 188 / 356)
+    assert recipe.estimated_speed(table, "one", "one", first) == pytest.approx(712.0)
 
 
 def test_what_was_measured_predicted_and_chosen_is_printed_as_a_table():
@@ -226,12 +284,37 @@ def test_what_was_measured_predicted_and_chosen_is_printed_as_a_table():
         "chose small: the highest predicted dev BLEU"]
 
 
-def test_the_benchmark_result_is_its_last_line_and_anything_else_is_a_failed_measurement():
-    assert recipe.bench_result('precision auto: fp32\n{"real_tgt_tokens_per_s": 12.5, "timed_steps": 5}\n') == {
-        "real_tgt_tokens_per_s": 12.5, "timed_steps": 5}
-    for output in ("", "Traceback (most recent call last):\n", '{"step_s": 1.0}\n'):
-        with pytest.raises(ValueError):
-            recipe.bench_result(output)
+#: A measuring process as Bench reads it: per stdin line, a graph built in "30 s", then a result, or an error for
+#: ["refused"], a 60 s wait before the result for ["slow"], a last line of text and its end for ["crash"].
+FAKE_BENCH = """
+import json, sys, time
+for line in iter(sys.stdin.readline, ""):
+    flags = json.loads(line)
+    if flags == ["crash"]:
+        print("ValueError: a bug", flush=True)
+        sys.exit(1)
+    print("a warning", flush=True)
+    print(json.dumps({"graph_build_s": 30.0}), flush=True)
+    if flags == ["slow"]:
+        time.sleep(60)
+    print(json.dumps({"error": "no step was timed"} if flags == ["refused"] else
+                     {"real_tgt_tokens_per_s": 1000.0, "timed_steps": 3}), flush=True)
+"""
+
+
+def test_the_measuring_process_is_read_as_it_prints_and_stopped_when_its_time_is_up(tmp_path):
+    log = io.StringIO()
+    with recipe.Bench([sys.executable, "-c", FAKE_BENCH], log) as bench:
+        # the first graph's build is not counted: its 30 s do not end the 0 s it may take
+        assert bench.measure(["fast"], 0.0, False) == recipe.Speed(
+            1000.0, "median of 3 steady-state steps", {"real_tgt_tokens_per_s": 1000.0, "timed_steps": 3}, 30.0)
+        assert bench.measure(["refused"], 60.0, True) == recipe.Speed(None, "measurement failed: no step was timed")
+        assert bench.measure(["slow"], 0.5, True) == recipe.Speed(None, recipe.OUT_OF_TIME)
+        assert bench.proc.returncode == -signal.SIGTERM
+        assert bench.measure(["fast"], 60.0, True) == recipe.Speed(None, recipe.OUT_OF_TIME)
+    assert log.getvalue().startswith('a warning\n{"graph_build_s": 30.0}\n')
+    with recipe.Bench([sys.executable, "-c", FAKE_BENCH], log) as bench:
+        assert bench.measure(["crash"], 60.0, True) == recipe.Speed(None, "measurement failed: ValueError: a bug")
 
 
 def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_are_refused(capsys, tmp_path):
@@ -244,6 +327,25 @@ def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_ar
     assert code == 2 and out == "" and not logdir.exists()
     assert err == ("error: --candidates small,huge: no such candidate huge; the table's candidates are small, "
                    "big, empty\n")
+
+
+class FakeBench:
+    """recipe.Bench without a process: --d_model 256 trains 1000 target tokens/s here, any other 900; the first
+    graph build, not counted, takes 2 s."""
+
+    def __init__(self, command, log):
+        assert command[-1] == "--flags_from_stdin"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass
+
+    def measure(self, flags, seconds, count_build):
+        result = {"real_src_tokens_per_sentence": 14.0, "real_tgt_tokens_per_sentence": 15.0, "vocab_size": 8000}
+        return recipe.Speed(1000.0 if flags[1] == "256" else 900.0, "median of 3 steady-state steps", result,
+                            0.0 if count_build else 2.0)
 
 
 def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and_predicted(tmp_path, monkeypatch,
@@ -263,8 +365,7 @@ def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and
         return "", 1
     monkeypatch.setattr(recipe, "run", run_phase)
     monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
-    monkeypatch.setattr(recipe, "bench_speed", lambda flags, data_dir, timeout, log: (
-        1000.0 if flags[1] == "256" else 900.0, "median of 5 steady-state steps"))
+    monkeypatch.setattr(recipe, "Bench", FakeBench)
     logdir = tmp_path / "run"
     code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
                                     "--logdir", logdir, "--table", write_table(tmp_path, SMALL_AND_BIG))
@@ -280,6 +381,7 @@ def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and
                                                                                                    / 1000))
     assert set(choice["candidates"]) == {"small", "big", "empty"}
     assert choice["candidates"]["empty"]["how"] == "not measured: no measured runs in the table"
+    assert (choice["measuring"]["allowance_s"], choice["measuring"]["uncounted_s"]) == (72.0, 2.0)
     train = next(command for command in commands if command[1] == "train.py")
     assert train[2:6] == ["--data_dir", "d", "--logdir", str(logdir)]
     assert train[6:10] == choice["flags"] and train[10] == "--max_minutes"
@@ -288,6 +390,22 @@ def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and
     assert results["command"] == "python scripts/recipe.py --minutes 60 --data_dir d --logdir %s --table %s" % (
         logdir, tmp_path / "table.json")
     assert "chose small: the highest predicted dev BLEU" in out and "measure and choose" in results["seconds"]
+
+
+def test_choose_only_prints_the_choice_and_stops_before_training(tmp_path, monkeypatch, capsys):
+    commands = []
+    monkeypatch.setattr(recipe, "run", lambda command, log: (commands.append(command), ("", 1))[1])
+    monkeypatch.setattr(recipe, "Bench", FakeBench)
+    logdir = tmp_path / "run"
+    logdir.mkdir()  # a logdir that exists is no error: nothing is written there
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
+                                    "--logdir", logdir, "--table", write_table(tmp_path, SMALL_AND_BIG),
+                                    "--choose_only")
+    assert (code, err) == (0, "")
+    assert [command[1] for command in commands] == ["prepro.py"] and list(logdir.iterdir()) == []
+    assert re.search(r"^measure: [\d.]+ s \(72\.0 s allowed, 2% of the budget, and 2\.0 s of the first candidate's "
+                     r"graph build not counted\)$", out, re.M)
+    assert out.rstrip().splitlines()[-1] == "chose small: the highest predicted dev BLEU"
 
 
 # ------------------------------------------------------------------------------------------------
