@@ -194,7 +194,8 @@ def print_json(value):
 def measure_each_from_stdin(common_flags, args, matmuls):
     """--flags_from_stdin: for each line of stdin (a JSON list of train.py flags, added to common_flags) as it
     comes, one JSON line once its graph is built ({"graph_build_s": seconds}), then its result, or {"error": why}
-    when its flags or its measurement are refused. Ends at the end of stdin."""
+    when its measurement is refused (flags train.py refuses end the process, as without --flags_from_stdin). Ends
+    at the end of stdin."""
     for line in iter(sys.stdin.readline, ""):
         try:
             hp, manifest = resolve_hparams(common_flags + json.loads(line))

@@ -136,7 +136,7 @@ class Bench:
         print("$ " + " ".join(command), flush=True)
         self.proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
-        self.lines, self.log, self.last_text, self.out_of_time = queue.Queue(), log, "", False
+        self.lines, self.log, self.last_text, self.out_of_time, self.ended = queue.Queue(), log, "", False, False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -165,19 +165,21 @@ class Bench:
     def message(self, deadline):
         """The next JSON object the process prints (other lines go to the log), None when it has ended, or
         TIMEOUT when time.monotonic() passes deadline (None: no deadline) before it comes."""
-        while True:
+        while not self.ended:
             try:
                 line = self.lines.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
             except queue.Empty:
                 return TIMEOUT
             if line is None:
-                return None
+                self.ended = True
+                break
             self.log.write(line)
             with contextlib.suppress(ValueError):
                 message = json.loads(line)
                 if isinstance(message, dict):
                     return message
             self.last_text = line.strip() or self.last_text
+        return None
 
     def measure(self, flags, seconds, count_build):
         """The Speed of a candidate's train.py flags here, measured in at most `seconds`, its graph build included

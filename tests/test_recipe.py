@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import add_recipe_run  # noqa: E402
+import bench_train  # noqa: E402
 import plot_recipe  # noqa: E402
 import prepro  # noqa: E402
 import recipe  # noqa: E402
@@ -315,6 +316,27 @@ def test_the_measuring_process_is_read_as_it_prints_and_stopped_when_its_time_is
     assert log.getvalue().startswith('a warning\n{"graph_build_s": 30.0}\n')
     with recipe.Bench([sys.executable, "-c", FAKE_BENCH], log) as bench:
         assert bench.measure(["crash"], 60.0, True) == recipe.Speed(None, "measurement failed: ValueError: a bug")
+        assert bench.measure(["fast"], 60.0, True) == recipe.Speed(None, "measurement failed: ValueError: a bug")
+
+
+def test_bench_train_measures_each_model_of_its_stdin_in_a_graph_of_its_own(small_numbers_dir, monkeypatch, capsys):
+    # with --max_steps 1 and no warm-up no step is timed: each model is built, then refused with the reason, and
+    # the next one is measured (a model that is measured is tests/test_benches.py's, through the same function)
+    matmuls = []
+    monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: matmuls.append(config) or 1.0)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(flags) + "\n" for flags in (
+        ["--d_model", "32"], ["--d_model", "16"]))))
+    graphs = []
+    real_measure = bench_train.measure
+    monkeypatch.setattr(bench_train, "measure", lambda hp, *args, **kwargs: graphs.append(hp.d_model) or real_measure(
+        hp, *args, **kwargs))
+    bench_train.main(["--data_dir", small_numbers_dir, "--steps", "1", "--warmup", "0", "--max_steps", "1",
+                      "--flags_from_stdin"] + TINY[2:] + ["--num_heads", "2", "--threads", "1"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    no_step = "no step of the 1 after warm-up came on a batch shape seen before, so none was timed: raise --max_steps"
+    assert [list(line) for line in lines] == [["graph_build_s"], ["error"], ["graph_build_s"], ["error"]]
+    assert lines[1] == lines[3] == {"error": no_step}
+    assert graphs == [32, 16] and len(matmuls) == 1
 
 
 def test_candidates_restrict_the_choice_in_the_tables_order_and_unknown_names_are_refused(capsys, tmp_path):
