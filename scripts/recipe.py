@@ -59,8 +59,9 @@ MEASURE_SHARE = 0.02
 #: tokens estimated for it from the first one's speed: the estimate counts FLOPs only, and leaving out a candidate
 #: the table could predict (and choose) costs more than measuring one it then can not.
 ESTIMATE_SLACK = 1.25
-#: Seconds the measuring process has to end after it is told to terminate, before it is killed.
-STOP_WAIT_S = 5
+#: Seconds the measuring process has to end after it is told to terminate, before it is killed (a step in progress
+#: is not waited for); measuring stops this much before its allowance is spent, to end within it.
+STOP_WAIT_S = 1.0
 #: What Bench.message returns when its deadline passes first.
 TIMEOUT = object()
 OUT_OF_TIME = "not measured: the measurement's share of the budget ran out"
@@ -363,7 +364,7 @@ def measure_here(table, names, args, start, log):
             return None
         return estimated_speed(table, name, names[0], first) * train_seconds_left(args.minutes, start)
     with Bench(bench_command(args.data_dir), log) as bench:
-        speeds = measure_speeds(table, names, allowance, bench.measure, estimate_tokens)
+        speeds = measure_speeds(table, names, allowance - STOP_WAIT_S, bench.measure, estimate_tokens)
     return speeds, measuring_record(time.time() - measure_start, allowance, speeds)
 
 
