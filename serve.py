@@ -28,6 +28,7 @@ import runtime  # first: TensorFlow's environment defaults
 
 import asyncio
 import concurrent.futures
+import functools
 import hmac
 import html
 import html.parser
@@ -205,11 +206,11 @@ class Job:
 class Batcher:
     """A worker thread that runs the model on the sentences of every request: it takes the first waiting job and
     those that arrive within `wait` seconds, up to batch_size sentences, and runs them together in batches sorted
-    by length (translators[False]; the jobs that want attention on translators[True]). At most queue_size requests
+    by length (those that want attention apart, with the translator's attention pass). At most queue_size requests
     wait at once; each waits at most `timeout` seconds."""
 
-    def __init__(self, translators, batch_size, wait, queue_size, timeout):
-        self.translators, self.batch_size, self.wait = translators, batch_size, wait
+    def __init__(self, translator, batch_size, wait, queue_size, timeout):
+        self.translator, self.batch_size, self.wait = translator, batch_size, wait
         self.queue_size, self.timeout = queue_size, timeout
         self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
         self.jobs = queue.Queue()
@@ -264,16 +265,18 @@ class Batcher:
         return jobs, True
 
     def run_jobs(self, jobs):
-        for attention, translator in self.translators.items():
+        for attention in (False, True):
             group = [job for job in jobs if job.attention == attention]
             if group:
-                self.run_group(group, translator)
+                self.run_group(group, attention)
 
-    def run_group(self, jobs, translator):
-        """Runs the jobs' sources at once and hands each job its results (or the error)."""
+    def run_group(self, jobs, attention):
+        """Runs the jobs' sources at once (with the attention pass when attention) and hands each job its results
+        (or the error)."""
         try:
-            results = run_in_length_batches(translator.run, [source for job in jobs for source in job.sources],
-                                            translator.batch_size)
+            results = run_in_length_batches(functools.partial(self.translator.run, with_attention=attention),
+                                            [source for job in jobs for source in job.sources],
+                                            self.translator.batch_size)
         except Exception as error:  # noqa: BLE001 (each request answers 500 with it)
             for job in jobs:
                 job.future.set_exception(error)
@@ -286,7 +289,7 @@ class Batcher:
 
 # ---------------------------------------------------------------- the API
 class Service:
-    """The model behind the server (its translators in a Batcher, sentencepiece, languages) and the limits."""
+    """The model behind the server (its translator in a Batcher, sentencepiece, languages) and the limits."""
 
     def __init__(self, hp, args):
         manifest, ckpt = trained_model_files(hp, hp.ckpt)
@@ -294,17 +297,13 @@ class Service:
         # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
         self.source_lang, self.target_lang = manifest.get("src_lang", "de"), manifest.get("tgt_lang", "en")
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
-        translators = {}
-        for attention in (False, True):  # one graph each: the plain one runs no attention pass
-            with tf.Graph().as_default():
-                translators[attention] = translate.Translator(hp, ckpt, hp.beam_size, attention)
-        self.batcher = Batcher(translators, hp.test_batch_size, args.batch_wait_ms / 1000, args.queue_size,
+        translator = translate.Translator(hp, ckpt, hp.beam_size, with_attention=True)
+        self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000, args.queue_size,
                                args.timeout)
 
     def close(self):
         self.batcher.stop()
-        for translator in self.batcher.translators.values():
-            translator.close()
+        self.batcher.translator.close()
 
     def check_key(self, fields):
         if self.args.api_key and not hmac.compare_digest(str(fields.get("api_key", "")), self.args.api_key):

@@ -274,17 +274,18 @@ class Translator:
         self.sess = tf1.Session(config=runtime.session_config(hp))
         restore(self.sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
 
-    def run(self, sources):
-        """sources: list of N id lists, each ending in </s>.
+    def run(self, sources, with_attention=True):
+        """sources: list of N id lists, each ending in </s>. with_attention: run the attention pass (a translator
+        built with_attention) for these sources; False skips it.
 
         Returns per source: nbest ids (K, T) ending in </s> then 0s, scores (K,) (a slot beam search could not fill
-        scores NEG_INF), and the best translation's attention (h, T2, T1), or None without --plot_attention.
+        scores NEG_INF), and the best translation's attention (h, T2, T1), or None without it.
         """
         x, x_seqlen = pad(sources)
         feed = {self.x: x, self.x_seqlen: x_seqlen}
         ids, scores = self.sess.run([self.nbest_ids, self.nbest_scores], feed)
         attention = [None] * len(sources)
-        if self.attention is not None:
+        if self.attention is not None and with_attention:
             attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
         return list(zip(ids, scores, attention))
 

@@ -211,31 +211,32 @@ def test_html_runs_are_split_with_entities_decoded_and_rendered_escaped():
 
 
 class FakeTranslator:
-    """Records the batches it runs, each taking `delay` seconds; the result of a source is its length."""
+    """Records the batches it runs (source lengths, and whether with the attention pass), each taking `delay`
+    seconds; the result of a source is its length."""
     batch_size = 8
 
     def __init__(self, delay=0.0):
         self.batches, self.delay = [], delay
 
-    def run(self, sources):
+    def run(self, sources, with_attention=True):
         time.sleep(self.delay)
-        self.batches.append([len(source) for source in sources])
+        self.batches.append(([len(source) for source in sources], with_attention))
         return [len(source) for source in sources]
 
 
 def test_the_batcher_runs_jobs_arriving_together_at_once_sorted_and_answers_each_its_own():
-    plain, with_attention = FakeTranslator(), FakeTranslator()
-    batcher = serve.Batcher({False: plain, True: with_attention}, batch_size=8, wait=1.0, queue_size=4, timeout=9)
+    translator = FakeTranslator()
+    batcher = serve.Batcher(translator, batch_size=8, wait=1.0, queue_size=4, timeout=9)
     futures = [batcher.submit([[1] * 3, [1] * 1], False), batcher.submit([[1] * 2], True),
                batcher.submit([[1] * 5, [1] * 4], False)]
     assert [future.result(10) for future in futures] == [[3, 1], [2], [5, 4]]
     batcher.stop()
-    assert plain.batches == [[1, 3, 4, 5]] and with_attention.batches == [[2]]
+    assert translator.batches == [([1, 3, 4, 5], False), ([2], True)]
 
 
 def test_the_batcher_refuses_past_its_queue_and_drops_a_request_past_its_timeout():
     slow = FakeTranslator(delay=1.0)
-    batcher = serve.Batcher({False: slow, True: slow}, batch_size=8, wait=0, queue_size=2, timeout=0.3)
+    batcher = serve.Batcher(slow, batch_size=8, wait=0, queue_size=2, timeout=0.3)
 
     async def three_requests():
         return await asyncio.gather(*(batcher.translate([[1] * length], False) for length in (1, 2, 3)),
@@ -245,7 +246,7 @@ def test_the_batcher_refuses_past_its_queue_and_drops_a_request_past_its_timeout
     assert (first.status, second.status, third.status) == (504, 504, 429)
     assert "--timeout of 0.3 s" in str(first) and "--queue_size" in str(third)
     batcher.stop()
-    assert slow.batches == [[1]]  # the second timed out before the model was free: never run
+    assert slow.batches == [([1], False)]  # the second timed out before the model was free: never run
 # ---------------------------------------------------------------- the benchmark
 def test_bench_serve_reports_every_level_and_translate_py(tiny_model, capsys):
     logdir, data_dir = tiny_model
