@@ -29,6 +29,7 @@ from errors import OneLineParser, UserError, run_cli  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from logdir import checkpoint_state, load_trained_hparams, trained_data_dir  # noqa: E402
 from textio import atomic_write, read_json  # noqa: E402
+from version import __version__  # noqa: E402
 
 #: train.py flags that may differ between a run and its candidate: where things are, when training stops (the
 #: run's steps are recorded), how often dev is decoded and checkpoints kept, how the work is spread (same
@@ -108,14 +109,14 @@ def target_tokens(hp, steps):
 
 
 def measured_run(table, logdir, data_dir=None, cpu=None, command=None):
-    """The table row of the finished run in logdir (recipe_table.RUN_FIELDS)."""
+    """The table row of the finished run in logdir (recipe_table.RUN_FIELDS, and the version that adds it)."""
     hp = load_trained_hparams(logdir, {"data_dir": data_dir} if data_dir else {})
     name = matching_candidate(table, hp)
     steps, bleu = final_evaluation(logdir)
     cpu, command = cpu_and_command(logdir, cpu, command)
     return {"candidate": name, "target_tokens": target_tokens(hp, steps), "steps": steps,
             "batch_size": hp.batch_size, "dev_bleu": bleu, "precision": hp.precision, "cpu": cpu,
-            "command": command, "source": "logdir %s" % os.path.normpath(logdir)}
+            "command": command, "source": "logdir %s" % os.path.normpath(logdir), "version": __version__}
 
 
 def main(argv=None):

@@ -30,7 +30,8 @@ from hparams import Hparams, range_error  # noqa: E402
 TABLE_PATH = os.path.join(ROOT, "scripts", "recipe_table.json")
 #: Runs of a candidate whose budgets are within this ratio of the smallest of them form one budget point.
 POOL_RATIO = 1.1
-#: What every measured run records (add_recipe_run.py writes them).
+#: What every measured run records (add_recipe_run.py writes them, and "version": the toolkit's version that added
+#: it, which runs added before 2.1.0 lack).
 RUN_FIELDS = ("candidate", "target_tokens", "steps", "batch_size", "dev_bleu", "precision", "cpu", "command",
               "source")
 

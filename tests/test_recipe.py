@@ -13,12 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-import add_recipe_run  # noqa: E402
+import add_recipe_run
 import bench_train  # noqa: E402
 import plot_recipe  # noqa: E402
 import prepro  # noqa: E402
 import recipe  # noqa: E402
 import recipe_table  # noqa: E402
+import version  # noqa: E402
 from data_load import epoch_pairs, trained_target_tokens  # noqa: E402
 from datadir import fingerprint, load_manifest  # noqa: E402
 from errors import UserError  # noqa: E402
@@ -475,7 +476,7 @@ def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, small
     assert json.loads(Path(path).read_text())["runs"] == [{
         "candidate": "tiny", "target_tokens": tokens, "steps": 40, "batch_size": 300, "dev_bleu": 12.34,
         "precision": "bf16", "cpu": "Some CPU, 2 cores, avx2", "command": "python scripts/recipe.py --minutes 30",
-        "source": "logdir %s" % logdir}]
+        "source": "logdir %s" % logdir, "version": version.__version__}]
     assert out == "added to %s: tiny, 40 steps, %.2f M target tokens, dev BLEU 12.34\n" % (path, tokens / 1e6)
     code, _, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path)
     assert code == 2 and err == "error: %s already has this run (tiny, 40 steps, dev BLEU 12.34)\n" % path
