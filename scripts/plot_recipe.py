@@ -2,7 +2,7 @@
 (scripts/recipe_table.json): a PNG, and Markdown tables for docs/recipe.md.
 
     python scripts/plot_recipe.py [--table PATH] [--output docs/recipe_bleu_vs_tokens.png]
-    python scripts/plot_recipe.py --markdown [--budgets 3,6,10,20,40]    # prints the tables
+    python scripts/plot_recipe.py --markdown [--budgets 2,3,4,6,10,20,40]    # prints the tables
     python scripts/plot_recipe.py --update docs/recipe.md                # writes them between its markers
 
 The plot has one colour per candidate: each measured run a point, and the prediction scripts/recipe.py chooses by
@@ -139,7 +139,7 @@ def main(argv=None):
     parser.add_argument("--markdown", action="store_true", help="print the Markdown tables instead of plotting")
     parser.add_argument("--update", metavar="MARKDOWN_FILE",
                         help="write the Markdown tables into this file, between its marker lines, and plot")
-    parser.add_argument("--budgets", type=budgets_flag, default=budgets_flag("3,6,10,20,40"),
+    parser.add_argument("--budgets", type=budgets_flag, default=budgets_flag("2,3,4,6,10,20,40"),
                         help="budgets of the prediction table, in millions of real target tokens, comma-separated")
     args = parser.parse_args(argv)
     table = recipe_table.load_table(args.table)
