@@ -126,6 +126,8 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
         batches, _, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size,
                                      shuffle=True, batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate,
                                      growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
+        if args.batches:  # the same few batches over and over: after their first pass every step is timed
+            batches = batches.take(args.batches).cache()
         xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
         train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op
         shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]
@@ -211,6 +213,10 @@ def main(argv=None):
     bench.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     bench.add_argument("--max_steps", type=int, default=400, help="stop after this many steps in all")
     bench.add_argument("--profile", type=int, default=0, help="trace this many steps after the timed ones")
+    bench.add_argument("--batches", type=int, default=0,
+                       help="step through only the first K batches of the shuffled data, over and over, so that "
+                            "the steps after their first pass are all timed (a quick measurement: K shapes instead "
+                            "of the whole length mix); 0: all of them")
     bench.add_argument("--flags_from_stdin", action="store_true",
                        help="measure one model per line of stdin (a JSON list of train.py flags, added to those "
                             "given here), each in its own graph, printing a JSON line when its graph is built and "

@@ -52,7 +52,10 @@ BEAM_SIZE, LENGTH_PENALTY = 4, 1.2
 POST_TRAIN_MINUTES = 2.5
 #: bench_train.py per candidate: untimed steps, timed steady-state steps, and the most steps after the untimed ones
 #: (the first step on each new batch shape builds kernels and is not timed).
-MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS = 2, 3, 20
+MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS = 1, 3, 20
+#: bench_train.py --batches: the timed steps run on the first MEASURE_BATCHES batches again, all seen in the first
+#: pass (batches of three lengths, without waiting for shapes to repeat in the whole data).
+MEASURE_BATCHES = 3
 #: The share of the budget measuring may take in all, the first candidate's graph build not counted.
 MEASURE_SHARE = 0.02
 #: Another candidate than the first is measured only when the table can predict it at this many times the target
@@ -124,7 +127,8 @@ class Speed:
 def bench_command(data_dir):
     """scripts/bench_train.py measuring, one after the other, the models whose flags come on its stdin."""
     return [sys.executable, "scripts/bench_train.py", "--data_dir", data_dir, "--warmup", str(MEASURE_WARMUP),
-            "--steps", str(MEASURE_STEPS), "--max_steps", str(MEASURE_MAX_STEPS), "--flags_from_stdin"]
+            "--steps", str(MEASURE_STEPS), "--max_steps", str(MEASURE_MAX_STEPS), "--batches", str(MEASURE_BATCHES),
+            "--flags_from_stdin"]
 
 
 class Bench:

@@ -532,3 +532,12 @@ def test_the_plot_is_a_png_of_the_size_asked_for(tmp_path):
     header = path.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
     assert (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")) == (1000, 500)
+
+
+def test_bench_train_batches_cycles_the_first_batches_so_every_step_after_their_pass_is_timed(small_numbers_dir,
+                                                                                              capsys):
+    # --batches 1: the first step sees the only shape, so with no warm-up each of the 4 steps after it is timed
+    bench_train.main(["--data_dir", small_numbers_dir, "--steps", "4", "--warmup", "0", "--max_steps", "5",
+                      "--batches", "1"] + TINY[2:] + ["--num_heads", "2", "--threads", "1"])
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (result["new_shape_steps"], result["timed_steps"]) == (1, 4)
