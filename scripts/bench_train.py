@@ -3,10 +3,11 @@
     python scripts/bench_train.py --data_dir data/multi30k [--steps 40] [model and batching flags of train.py]
 
 Reports real (non-pad) source and target tokens/s (median over the timed steps, after warm-up; for the target
-side also the mean, total tokens over total time), real tokens per sentence, the padding fraction, step time,
-graph build time, peak RSS, model FLOPs per step counted from the model's shapes (scripts/model_flops.py), and
-their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu); with bf16 or fp16 products also the same
-matmul in that dtype and the ratio to it (mfu_bf16). The last line is one JSON object.
+side also the mean, total tokens over total time, and the epoch's: its mean real target tokens per batch over the
+median step time, which does not depend on which batches were timed), real tokens per sentence, the padding
+fraction, step time, graph build time, peak RSS, model FLOPs per step counted from the model's shapes
+(scripts/model_flops.py), and their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu); with bf16 or
+fp16 products also the same matmul in that dtype and the ratio to it (mfu_bf16). The last line is one JSON object.
 
 The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
 ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
@@ -40,7 +41,7 @@ import tensorflow as tf  # noqa: E402
 import distributed  # noqa: E402
 from fast import kernels  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from data_load import get_batch  # noqa: E402
+from data_load import epoch_pairs, get_batch  # noqa: E402
 from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
@@ -123,9 +124,10 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     start = time.time()
     with tf.Graph().as_default() as graph:
         tf1.set_random_seed(hp.seed)
-        batches, _, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size,
-                                     shuffle=True, batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate,
-                                     growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
+        batches, num_batches, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2,
+                                               hp.batch_size, shuffle=True, batch_type=hp.batch_type, seed=hp.seed,
+                                               truncate=hp.truncate, growth=hp.bucket_growth,
+                                               bpe_dropout=hp.bpe_dropout)
         if args.batches:  # the same few batches over and over: after their first pass every step is timed
             batches = batches.take(args.batches).cache()
         xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
@@ -157,12 +159,15 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
     flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
     step_s = float(np.median(seconds))
+    epoch_tokens_per_step = epoch_target_tokens(hp, manifest) / num_batches(0)
     model_gflops = float(np.median(flops / seconds) / 1e9)
     matmul = matmuls[tf.float32]
     result = {
         "real_src_tokens_per_s": round(float(np.median(real1 / seconds)), 1),
         "real_tgt_tokens_per_s": round(float(np.median(real2 / seconds)), 1),
         "real_tgt_tokens_per_s_mean": round(float(real2.sum() / seconds.sum()), 1),  # over the timed steps
+        "epoch_tgt_tokens_per_step": round(epoch_tokens_per_step, 1),
+        "epoch_tgt_tokens_per_s": round(epoch_tokens_per_step / step_s, 1),
         "padding_fraction": round(float(1 - (real1.sum() + real2.sum()) / (n * t1 + n * t2).sum()), 4),
         "real_src_tokens_per_sentence": round(float(real1.sum() / n.sum()), 2),
         "real_tgt_tokens_per_sentence": round(float(real2.sum() / n.sum()), 2),
@@ -187,6 +192,14 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     if profile:
         result.update(matmul_share(profile), profile_ms_per_step=profile)
     return result
+
+
+def epoch_target_tokens(hp, manifest):
+    """The real target tokens (y_seqlen, </s> included) of the first training epoch: every pair within the length
+    limits is in one of its batches."""
+    pairs, _ = epoch_pairs(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.truncate, hp.bpe_dropout,
+                           hp.seed)(0)
+    return int(pairs.lengths2.sum())
 
 
 def print_json(value):

@@ -207,9 +207,9 @@ class Bench:
                 return Speed(None, "measurement failed: %s" % (self.last_text or "the process ended"), None, uncounted)
             if "error" in message:
                 return Speed(None, "measurement failed: %s" % message["error"], None, uncounted)
-            if "real_tgt_tokens_per_s" in message:
-                return Speed(message["real_tgt_tokens_per_s"], "median of %d steady-state steps" %
-                             message["timed_steps"], message, uncounted)
+            if "epoch_tgt_tokens_per_s" in message:
+                return Speed(message["epoch_tgt_tokens_per_s"], "an epoch's mean batch over the median of %d "
+                             "steady-state steps" % message["timed_steps"], message, uncounted)
             if not count_build and "graph_build_s" in message:
                 uncounted = message["graph_build_s"]
                 deadline = start + seconds + uncounted

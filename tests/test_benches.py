@@ -12,6 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_data  # noqa: E402
 import bench_iterator  # noqa: E402
 import bench_train  # noqa: E402
+from data_load import get_batch  # noqa: E402
+from datadir import load_manifest  # noqa: E402
 from errors import UserError  # noqa: E402
 
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "500",
@@ -53,6 +55,15 @@ def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio
     # (much more than mfu's own rounding when a loaded machine makes both small)
     assert result["mfu"] == pytest.approx(model / matmul, abs=1e-3 + 0.05 * (1 + model / matmul) / matmul)
     assert 0 <= result["padding_fraction"] < 1 and result["real_tgt_tokens_per_s"] > 0
+    # the epoch's mean batch: every training line's target pieces and its </s>, over the epoch's batches
+    with open(os.path.join(small_numbers_dir, "train.2.bpe"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    batches = get_batch(small_numbers_dir, load_manifest(small_numbers_dir), "train", 100, 100, 500, shuffle=True,
+                        batch_type="tokens", seed=1234)[1](0)
+    tokens_per_step = sum(len(line.split()) + 1 for line in lines) / batches
+    assert result["epoch_tgt_tokens_per_step"] == pytest.approx(tokens_per_step, abs=0.05)
+    # step_s is rounded to 0.1 ms: up to 2% of a tiny model's step
+    assert result["epoch_tgt_tokens_per_s"] == pytest.approx(tokens_per_step / result["step_s"], rel=0.02)
     assert set(result["isa_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
 
 

@@ -303,16 +303,19 @@ for line in iter(sys.stdin.readline, ""):
     if flags == ["slow"]:
         time.sleep(60)
     print(json.dumps({"error": "no step was timed"} if flags == ["refused"] else
-                     {"real_tgt_tokens_per_s": 1000.0, "timed_steps": 3}), flush=True)
+                     {"real_tgt_tokens_per_s": 1100.0, "epoch_tgt_tokens_per_s": 1000.0, "timed_steps": 3}),
+          flush=True)
 """
 
 
 def test_the_measuring_process_is_read_as_it_prints_and_stopped_when_its_time_is_up(tmp_path):
     log = io.StringIO()
     with recipe.Bench([sys.executable, "-c", FAKE_BENCH], log) as bench:
-        # the first graph's build is not counted: its 30 s do not end the 0 s it may take
+        # the first graph's build is not counted: its 30 s do not end the 0 s it may take; the speed is the
+        # epoch's (its mean batch over the median step time), not that of the few batches timed
+        result = {"real_tgt_tokens_per_s": 1100.0, "epoch_tgt_tokens_per_s": 1000.0, "timed_steps": 3}
         assert bench.measure(["fast"], 0.0, False) == recipe.Speed(
-            1000.0, "median of 3 steady-state steps", {"real_tgt_tokens_per_s": 1000.0, "timed_steps": 3}, 30.0)
+            1000.0, "an epoch's mean batch over the median of 3 steady-state steps", result, 30.0)
         assert bench.measure(["refused"], 60.0, True) == recipe.Speed(None, "measurement failed: no step was timed")
         assert bench.measure(["slow"], 0.5, True) == recipe.Speed(None, recipe.OUT_OF_TIME)
         assert bench.proc.returncode == -signal.SIGTERM
