@@ -7,12 +7,13 @@ The model is chosen from the candidates of scripts/recipe_table.json (train.py f
 after a measured number of real target tokens trained) by the training budget this machine can buy
 (docs/recipe.md). Phases, each command printed before it runs:
   prepro   the joint BPE vocabulary and segmented corpus, from ../shared/data/multi30k when present, else downloaded
-  measure  real target tokens/s here, the median of MEASURE_STEPS steady-state steps after MEASURE_WARMUP untimed
-           ones, in one scripts/bench_train.py process (one graph per candidate): the first candidate first; then
-           each other one whose dev BLEU the table can predict at ESTIMATE_SLACK x the target tokens estimated for
-           it from the first one's speed (model FLOPs per token), as no other could be chosen. All of it within
-           MEASURE_SHARE of the budget plus the first graph build (a candidate not measured by then can not be
-           chosen). Skipped when the choice can not depend on it (choice_without_measuring)
+  measure  real target tokens/s here: an epoch's mean tokens per batch over the median time of MEASURE_STEPS
+           steady-state steps after MEASURE_WARMUP untimed ones, in one scripts/bench_train.py process (one graph
+           per candidate): the first candidate first; then each other one whose dev BLEU the table can predict at
+           ESTIMATE_SLACK x the target tokens estimated for it from the first one's speed (model FLOPs per
+           token), as no other could be chosen. All of it within MEASURE_SHARE of the budget plus the first graph
+           build (a candidate not measured by then can not be chosen). Skipped when the choice can not depend on it
+           (choice_without_measuring)
   choose   for each, the target tokens it would train in the time left (tokens/s x seconds) and the dev BLEU the
            table predicts at that budget; the highest wins (scripts/recipe_table.py has the rule)
   train    the chosen flags with --max_minutes = what is left of the budget minus POST_TRAIN_MINUTES; the learning
