@@ -41,7 +41,7 @@ import tensorflow as tf  # noqa: E402
 import distributed  # noqa: E402
 from fast import kernels  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from data_load import epoch_pairs, get_batch  # noqa: E402
+from data_load import epoch_pairs, input_fn  # noqa: E402
 from datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
@@ -124,10 +124,11 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     start = time.time()
     with tf.Graph().as_default() as graph:
         tf1.set_random_seed(hp.seed)
-        batches, num_batches, _, _ = get_batch(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2,
-                                               hp.batch_size, shuffle=True, batch_type=hp.batch_type, seed=hp.seed,
-                                               truncate=hp.truncate, growth=hp.bucket_growth,
-                                               bpe_dropout=hp.bpe_dropout)
+        # train.py's batches (data_load.get_batch), with the pairs kept for the epoch's token count
+        pairs_of = epoch_pairs(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.truncate, hp.bpe_dropout,
+                               hp.seed)
+        batches, num_batches = input_fn(pairs_of, hp.batch_size, shuffle=True, batch_type=hp.batch_type,
+                                        seed=hp.seed, growth=hp.bucket_growth)
         if args.batches:  # the same few batches over and over: after their first pass every step is timed
             batches = batches.take(args.batches).cache()
         xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
@@ -159,7 +160,7 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
     flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
     step_s = float(np.median(seconds))
-    epoch_tokens_per_step = epoch_target_tokens(hp, manifest) / num_batches(0)
+    epoch_tokens_per_step = int(pairs_of(0)[0].lengths2.sum()) / num_batches(0)  # every pair is in a batch
     model_gflops = float(np.median(flops / seconds) / 1e9)
     matmul = matmuls[tf.float32]
     result = {
@@ -192,14 +193,6 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     if profile:
         result.update(matmul_share(profile), profile_ms_per_step=profile)
     return result
-
-
-def epoch_target_tokens(hp, manifest):
-    """The real target tokens (y_seqlen, </s> included) of the first training epoch: every pair within the length
-    limits is in one of its batches."""
-    pairs, _ = epoch_pairs(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.truncate, hp.bpe_dropout,
-                           hp.seed)(0)
-    return int(pairs.lengths2.sum())
 
 
 def print_json(value):
