@@ -15,10 +15,10 @@ the time per op type (RunMetadata step stats), in ms per step, largest first: th
 and its sums over the matrix products and over all other ops.
 
 With --flags_from_stdin it measures one model per line of stdin (a JSON list of train.py flags added to those on
-the command line) as the lines come, each in a tf.Graph and session of its own, TensorFlow imported and the matmul
-read once for all: a JSON line {"graph_build_s": seconds} when a graph is built, then its result (or {"error":
-why}); scripts/recipe.py measures its candidates so and stops it when its time is up. peak_rss_mb is then the
-process's peak so far.
+the command line) as the lines come, each in a tf.Graph and session of its own, TensorFlow imported once for all:
+a JSON line {"graph_build_s": seconds} when a graph is built, then its result (or {"error": why}), its speeds
+without the matmul readings and mfu, which would cost seconds before the first result; scripts/recipe.py measures
+its candidates so and stops it when its time is up. peak_rss_mb is then the process's peak so far.
 
 Timed steps are steady-state steps: the first step on each new batch shape builds oneDNN kernels for it (a
 one-time cost of the first epoch), so such steps are counted apart (new_shape_steps, new_shape_step_s) and
@@ -85,16 +85,20 @@ def profile_ops(sess, fetches, steps):
     return {op: round(ms, 2) for op, ms in totals.most_common()}
 
 
-def same_dtype_mfu(hp, config, model_gflops, matmuls):
-    """With 16-bit matrix products: the 2048^2 matmul in that dtype here (read once per process, kept in matmuls
-    {dtype: GFLOP/s}) and the model's share of it."""
-    if hp.precision == "fp32":
-        return {}
-    dtype = COMPUTE_DTYPES[hp.precision]
-    if dtype not in matmuls:
-        matmuls[dtype] = matmul_gflops(config, dtype=dtype)
-    return {"matmul_%s_gflops_per_s" % hp.precision: round(matmuls[dtype], 1),
-            "mfu_%s" % hp.precision: round(model_gflops / matmuls[dtype], 3)}
+def mfu_fields(hp, config, model_gflops, matmuls):
+    """The 2048^2 fp32 matmul here and the model's share of it (mfu); with 16-bit matrix products also the same
+    matmul in that dtype and the model's share of it (mfu_bf16). Each matmul is read once per process, kept in
+    matmuls {dtype: GFLOP/s}."""
+    dtypes = [(tf.float32, "")]
+    if hp.precision != "fp32":
+        dtypes.append((COMPUTE_DTYPES[hp.precision], "_" + hp.precision))
+    fields = {}
+    for dtype, suffix in dtypes:
+        if dtype not in matmuls:
+            matmuls[dtype] = matmul_gflops(config, dtype=dtype)
+        fields["matmul%s_gflops_per_s" % suffix] = round(matmuls[dtype], 1)
+        fields["mfu%s" % suffix] = round(model_gflops / matmuls[dtype], 3)
+    return fields
 
 
 def matmul_share(profile):
@@ -115,11 +119,12 @@ def resolve_hparams(train_flags):
     return hp, manifest
 
 
-def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
+def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
     """bench_train's result (a dict, the JSON it prints) for train.py's resolved flags hp: the graph built in a
     tf.Graph of its own and stepped in a session of its own. args: the benchmark's flags (--warmup, --steps,
-    --max_steps, --profile); matmuls: {dtype: GFLOP/s} of the 2048^2 matmul here, fp32 read already; built(seconds)
-    is called once the graph is built."""
+    --max_steps, --profile); matmuls: the 2048^2 matmuls read in this process ({dtype: GFLOP/s}, read when first
+    needed), which the result compares the model against (mfu_fields), or None for a result without them;
+    built(seconds) is called once the graph is built."""
     config = runtime.session_config(hp)
     start = time.time()
     with tf.Graph().as_default() as graph:
@@ -162,7 +167,6 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
     step_s = float(np.median(seconds))
     epoch_tokens_per_step = int(pairs_of(0)[0].lengths2.sum()) / num_batches(0)  # every pair is in a batch
     model_gflops = float(np.median(flops / seconds) / 1e9)
-    matmul = matmuls[tf.float32]
     result = {
         "real_src_tokens_per_s": round(float(np.median(real1 / seconds)), 1),
         "real_tgt_tokens_per_s": round(float(np.median(real2 / seconds)), 1),
@@ -181,9 +185,7 @@ def measure(hp, manifest, args, matmuls, built=lambda seconds: None):
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "model_gflops_per_step": round(float(np.median(flops)) / 1e9, 2),
         "model_gflops_per_s": round(model_gflops, 1),
-        "matmul_gflops_per_s": round(matmul, 1),
-        "mfu": round(model_gflops / matmul, 3),
-        **same_dtype_mfu(hp, config, model_gflops, matmuls),
+        **(mfu_fields(hp, config, model_gflops, matmuls) if matmuls is not None else {}),
         "impl": hp.impl, "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type,
         "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
@@ -199,15 +201,15 @@ def print_json(value):
     print(json.dumps(value), flush=True)
 
 
-def measure_each_from_stdin(common_flags, args, matmuls):
+def measure_each_from_stdin(common_flags, args):
     """--flags_from_stdin: for each line of stdin (a JSON list of train.py flags, added to common_flags) as it
-    comes, one JSON line once its graph is built ({"graph_build_s": seconds}), then its result, or {"error": why}
-    when its measurement is refused (flags train.py refuses end the process, as without --flags_from_stdin). Ends
-    at the end of stdin."""
+    comes, one JSON line once its graph is built ({"graph_build_s": seconds}), then its result without the matmul
+    readings (the speeds are what is wanted, at once), or {"error": why} when its measurement is refused (flags
+    train.py refuses end the process, as without --flags_from_stdin). Ends at the end of stdin."""
     for line in iter(sys.stdin.readline, ""):
         try:
             hp, manifest = resolve_hparams(common_flags + json.loads(line))
-            result = measure(hp, manifest, args, matmuls, built=lambda s: print_json({"graph_build_s": round(s, 2)}))
+            result = measure(hp, manifest, args, built=lambda s: print_json({"graph_build_s": round(s, 2)}))
         except UserError as error:
             result = {"error": str(error)}
         print_json(result)
@@ -226,16 +228,16 @@ def main(argv=None):
     bench.add_argument("--flags_from_stdin", action="store_true",
                        help="measure one model per line of stdin (a JSON list of train.py flags, added to those "
                             "given here), each in its own graph, printing a JSON line when its graph is built and "
-                            "one with its result; TensorFlow is imported and the matmul read once for all")
+                            "one with its result (speeds only: no matmul is read, and there is no mfu); "
+                            "TensorFlow is imported once for all")
     args, rest = bench.parse_known_args(argv)
     hp, manifest = resolve_hparams(rest)
     tf1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
-    matmuls = {tf.float32: matmul_gflops(runtime.session_config(hp))}
     if args.flags_from_stdin:
-        measure_each_from_stdin(rest, args, matmuls)
+        measure_each_from_stdin(rest, args)
     else:
-        print_json(measure(hp, manifest, args, matmuls))
+        print_json(measure(hp, manifest, args, matmuls={}))
 
 
 if __name__ == "__main__":

@@ -133,8 +133,8 @@ def bench_command(data_dir):
 
 
 class Bench:
-    """One measuring process for every candidate (bench_command): TensorFlow imported and the matmul read once,
-    each candidate's graph built in its own tf.Graph. Its output is read as it comes (a thread queues the lines,
+    """One measuring process for every candidate (bench_command): TensorFlow imported once, no matmul read, each
+    candidate's graph built in its own tf.Graph. Its output is read as it comes (a thread queues the lines,
     which go to the log), so a measurement is cut off when its time is up: the process is stopped then, and on
     leaving the `with` block."""
 

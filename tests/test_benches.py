@@ -44,7 +44,8 @@ def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio
                                                                                       monkeypatch):
     # a smaller matmul than the 2048^2 of a real run: what is checked is the ratio, not the figure
     real_matmul_gflops = bench_train.matmul_gflops
-    monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: real_matmul_gflops(config, n=512, repeats=3))
+    monkeypatch.setattr(bench_train, "matmul_gflops",
+                        lambda config, dtype: real_matmul_gflops(config, n=512, repeats=3, dtype=dtype))
     with tf.Graph().as_default():  # fp32 asked for: --precision auto would pick bf16 on a CPU with bfloat16
         bench_train.main(["--data_dir", small_numbers_dir, "--steps", "3", "--warmup", "2", "--precision", "fp32"]
                          + TINY)
@@ -69,9 +70,22 @@ def test_bench_train_reports_the_steps_it_timed_and_an_mfu_that_is_its_own_ratio
     assert set(result["isa_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
 
 
-def test_bench_train_says_to_raise_max_steps_when_no_step_was_timed(small_numbers_dir, monkeypatch):
+def test_mfu_is_the_models_share_of_each_matmul_and_each_matmul_is_read_once(monkeypatch):
+    reads = []
+    monkeypatch.setattr(bench_train, "matmul_gflops", lambda config, dtype: reads.append(dtype) or (
+        400.0 if dtype == tf.bfloat16 else 100.0))
+    matmuls = {}
+    for _ in range(2):
+        fields = bench_train.mfu_fields(SimpleNamespace(precision="bf16"), None, 50.0, matmuls)
+        assert fields == {"matmul_gflops_per_s": 100.0, "mfu": 0.5, "matmul_bf16_gflops_per_s": 400.0,
+                          "mfu_bf16": 0.125}
+    assert reads == [tf.float32, tf.bfloat16]
+    assert bench_train.mfu_fields(SimpleNamespace(precision="fp32"), None, 25.0, matmuls) == {
+        "matmul_gflops_per_s": 100.0, "mfu": 0.25}
+
+
+def test_bench_train_says_to_raise_max_steps_when_no_step_was_timed(small_numbers_dir):
     # without warm-up the first step is on a new batch shape, so with --max_steps 1 none is steady-state
-    monkeypatch.setattr(bench_train, "matmul_gflops", lambda config: 1.0)
     with tf.Graph().as_default(), pytest.raises(UserError) as error:
         bench_train.main(["--data_dir", small_numbers_dir, "--steps", "1", "--warmup", "0", "--max_steps", "1"] + TINY)
     assert str(error.value) == ("no step of the 1 after warm-up came on a batch shape seen before, so none was "
