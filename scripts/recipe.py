@@ -63,9 +63,9 @@ MEASURE_SHARE = 0.02
 #: tokens estimated for it from the first one's speed: the estimate counts FLOPs only, and leaving out a candidate
 #: the table could predict (and choose) costs more than measuring one it then can not.
 ESTIMATE_SLACK = 1.25
-#: Seconds the measuring process has to end after it is told to terminate, before it is killed (a step in progress
-#: is not waited for); measuring stops this much before its allowance is spent, to end within it.
-STOP_WAIT_S = 1.0
+#: Measuring stops this many seconds before its allowance is spent, to end within it: the time to kill the measuring
+#: process (it has nothing to save, and a step in progress is not waited for) and collect it.
+STOP_MARGIN_S = 1.0
 #: What Bench.message returns when its deadline passes first.
 TIMEOUT = object()
 OUT_OF_TIME = "not measured: the measurement's share of the budget ran out"
@@ -157,14 +157,10 @@ class Bench:
         self.stop()
 
     def stop(self):
-        """Ends the process: terminate, then kill if it has not ended after STOP_WAIT_S."""
+        """Ends the process at once: it is killed, as it has nothing to save."""
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.proc.kill()
+            self.proc.wait()
         with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.close()
 
@@ -369,7 +365,7 @@ def measure_here(table, names, args, start, log):
             return None
         return estimated_speed(table, name, names[0], first) * train_seconds_left(args.minutes, start)
     with Bench(bench_command(args.data_dir), log) as bench:
-        speeds = measure_speeds(table, names, allowance - STOP_WAIT_S, bench.measure, estimate_tokens)
+        speeds = measure_speeds(table, names, allowance - STOP_MARGIN_S, bench.measure, estimate_tokens)
     return speeds, measuring_record(time.time() - measure_start, allowance, speeds)
 
 
