@@ -12,16 +12,22 @@ A variable the user has set keeps its value:
                                    hundreds of thousands of page faults on fresh memory (see
                                    docs/log/performance-log.md).
 
-Importing this module also keeps TensorFlow from importing Keras (see KERAS_BLOCKED below).
+Importing this module also keeps TensorFlow from importing Keras (see KERAS_BLOCKED below), and filters
+TensorFlow's start-up lines out of standard error when it is imported (see QuietTensorFlowImport below).
 
 The functions below read the CPU's instruction-set flags for --precision auto, size a session's thread pools to
 the cores this process may use, and hand memory that start-up left resident back to the operating system. Those that
 need TensorFlow import it when called, once the tool has loaded it.
 """
+import contextlib
 import ctypes
+import importlib.abc
+import importlib.machinery
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -33,6 +39,90 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 KERAS_BLOCKED = "keras.src.optimizers"
 if "keras" not in sys.modules:
     sys.modules.setdefault(KERAS_BLOCKED, None)
+
+#: Abseil's notice, written before TensorFlow's first start-up record, that it logs before being initialized.
+ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+#: The start of an Abseil log record (severity letter, date, time, thread, file:line]).
+LOG_RECORD = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
+#: The first line of a Python warning (warnings.formatwarning), which is never part of a record.
+PYTHON_WARNING = re.compile(r".+:\d+: \w*Warning: ")
+#: The record severities each TF_CPP_MIN_LOG_LEVEL leaves out, as TensorFlow's own logging reads it.
+LEFT_OUT = {0: "", 1: "I", 2: "IW", 3: "IWE"}
+
+
+def startup_lines_kept(lines, min_log_level):
+    """The lines of standard error written while TensorFlow was imported, less the start-up records that
+    min_log_level (TF_CPP_MIN_LOG_LEVEL) leaves out, each with its continuation lines, and less ABSL_NOTICE when
+    any record is left out. TensorFlow's libraries write these as they load, before they read the variable: the
+    oneDNN notice on every CPU where TensorFlow turns oneDNN on by default (AVX512-VNNI and later), the CPU
+    feature guard's. A record's continuation lines are those up to the next record or Python warning. Anything
+    else is kept, in order."""
+    left_out, kept, dropping = LEFT_OUT[min(max(min_log_level, 0), 3)], [], False
+    for line in lines:
+        record = LOG_RECORD.match(line)
+        if line.rstrip("\n") == ABSL_NOTICE:
+            dropping = bool(left_out)
+        elif record:
+            dropping = record.group(1) in left_out
+        elif PYTHON_WARNING.match(line):
+            dropping = False
+        if not dropping:
+            kept.append(line)
+    return kept
+
+
+@contextlib.contextmanager
+def startup_lines_filtered():
+    """Standard error (file descriptor 2, which TensorFlow's C++ writes to) goes to a temporary file inside the
+    block; on leaving it, what startup_lines_kept keeps is written to standard error."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no standard error to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode("utf-8", "replace").splitlines(keepends=True)
+            try:
+                level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+            except ValueError:
+                level = 0
+            sys.stderr.write("".join(startup_lines_kept(lines, level)))
+            sys.stderr.flush()
+
+
+class QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """On the first `import tensorflow`, wherever it is, runs TensorFlow's __init__ inside startup_lines_filtered:
+    the tools' standard error then holds their own lines only, whatever oneDNN setting TensorFlow starts with."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            self.loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__spec__.loader = module.__loader__ = self.loader  # TensorFlow's own loader, as without this
+        with startup_lines_filtered():
+            self.loader.exec_module(module)
+
+
+if "tensorflow" not in sys.modules:
+    sys.meta_path.insert(0, QuietTensorFlowImport())
 
 #: CPU flags (as /proc/cpuinfo spells them) that give fast bfloat16 matrix products in oneDNN.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")

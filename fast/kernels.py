@@ -11,15 +11,19 @@ each, where TensorFlow runs one op, and one pass, per operation.
     y = embedding_dropout(e, encodings, scale, rate)   # dropout(e * scale + PE), its gradient fused too
     optimizer = OnePassAdam(lr, beta1, beta2, epsilon)  # Adam's update in one pass per variable
 
-The library is built against the installed TensorFlow, for this CPU (-march=native, capped like oneDNN by
-ONEDNN_MAX_CPU_ISA), into build/ beside this file, under a name that hashes the source, TensorFlow's version and
-the compiler flags; a later load finds it there.
-Building takes about 40 s. fast.layers (projected_sublayer_output, scaled_dot_product_attention, the heads'
+The library is built against the installed TensorFlow, for this CPU (-march=native less AVX512-FP16, capped like
+oneDNN by ONEDNN_MAX_CPU_ISA), from one translation unit (csrc/kernels.cc), into build/ beside this file, under a
+name that hashes the source, TensorFlow's version and the compiler command; a later load finds it there. A build
+that fails is remembered beside it, so that later processes fall back to TensorFlow's ops at once with the same
+line. `python -m fast.kernels --check_targets` compiles the kernels for every x86 class (TARGETS) without running
+them. fast.layers (projected_sublayer_output, scaled_dot_product_attention, the heads'
 fused_heads, split_heads, merge_heads), fast.loss.output_loss, and fast.model.FastTransformer's embedding and its
 gradient (tied_embeddings) and optimizer (OnePassAdam) use these kernels in training when the model's config says
 "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they replace stay the reference that
 tests/test_kernels.py holds them to.
 """
+import argparse
+import concurrent.futures
 import functools
 import glob
 import hashlib
@@ -30,12 +34,16 @@ import sys
 import tempfile
 
 import numpy as np
-import tensorflow as tf
+
+import runtime  # noqa: F401  (first: TensorFlow's environment defaults, its start-up lines filtered)
+import tensorflow as tf  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: The one translation unit g++ compiles (it includes the others), and every file the build depends on.
+UNIT = os.path.join(HERE, "csrc", "kernels.cc")
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc", "smoothed_cross_entropy.cc",
-                         "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc", "heads.cc", "adam.cc")]
+                        "accumulate.cc", "embedding_dropout.cc", "scatter_add_rows.cc", "heads.cc", "adam.cc")]
 HEADERS = [os.path.join(HERE, "csrc", "common.h")]
 BUILD_DIR = os.path.join(os.path.dirname(HERE), "build")
 GOLDEN = 0x9E3779B97F4A7C15  # the seed stream's increment in the kernels' keep decisions
@@ -45,25 +53,49 @@ class KernelsUnavailable(Exception):
     """The kernels could not be built or loaded here; the message says why in one line."""
 
 
-#: The instruction sets g++ must leave out under each ONEDNN_MAX_CPU_ISA cap below AVX-512 with bfloat16 (oneDNN's
-#: names); g++ drops what depends on them too (-mno-avx512f drops every AVX-512 extension).
-ISA_CAP_FLAGS = {"SSE41": ["-mno-avx", "-mno-fma"], "AVX": ["-mno-avx2", "-mno-fma"], "AVX2": ["-mno-avx512f"],
-                 "AVX2_VNNI": ["-mno-avx512f"], "AVX2_VNNI_2": ["-mno-avx512f"],
-                 "AVX512_CORE": ["-mno-avx512bf16"], "AVX512_CORE_VNNI": ["-mno-avx512bf16"]}
+#: Left out of every target: AVX512-FP16. The kernels do no float16 arithmetic of their own, and with it g++ 12
+#: cannot compile the Eigen that TensorFlow ships (Eigen/src/Core/arch/AVX512/PacketMathFP16.h), which would leave
+#: every CPU that has it (each one with AMX) on TensorFlow's ops.
+EXCLUDED_FLAGS = ["-mno-avx512fp16"]
+#: AMX's tile instructions: the kernels do not use them, and a cap below AMX leaves them out.
+NO_AMX = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+#: What g++ must leave out under each ONEDNN_MAX_CPU_ISA cap below AMX (oneDNN's names), so that no instruction set
+#: above the cap is defined; g++ drops what depends on them too (-mno-avx512f drops every AVX-512 extension).
+ISA_CAP_FLAGS = {"SSE41": ["-mno-avx", "-mno-fma"] + NO_AMX, "AVX": ["-mno-avx2", "-mno-fma"] + NO_AMX,
+                 "AVX2": ["-mno-avx512f", "-mno-avxvnni"] + NO_AMX, "AVX2_VNNI": ["-mno-avx512f"] + NO_AMX,
+                 "AVX2_VNNI_2": ["-mno-avx512f"] + NO_AMX,
+                 "AVX512_CORE": ["-mno-avx512bf16"] + NO_AMX, "AVX512_CORE_VNNI": ["-mno-avx512bf16"] + NO_AMX,
+                 "AVX512_CORE_BF16": NO_AMX, "AVX10_1_512": NO_AMX, "AVX512_CORE_FP16": NO_AMX}
+#: The x86 classes the kernels are built for, by the g++ -march that stands for each: one per set of Eigen
+#: vectorization paths (AVX2 with FMA; AVX-512; AVX-512 with bfloat16; AMX with AVX512-FP16). check_targets
+#: compiles each (syntax only, nothing runs) on any x86 machine.
+TARGETS = {"x86-64-v3": "AVX2 (Haswell, Zen 1-3)", "skylake-avx512": "AVX-512 (Skylake-SP, Ice Lake)",
+           "cooperlake": "AVX-512 with BF16 (Cooper Lake)",
+           "sapphirerapids": "AMX and AVX512-FP16 (Sapphire Rapids)"}
+#: Classes checked too where the compiler knows them (g++ 13 and later): g++ 12 builds for them through
+#: -march=native's flags, which are those of a class above.
+NEWER_TARGETS = {"znver4": "AVX-512 with BF16 (Zen 4)", "graniterapids": "AMX-FP16 (Granite Rapids)"}
 
 
-def target_flags(max_isa):
-    """The g++ target for this CPU, capped like oneDNN by max_isa (the value of ONEDNN_MAX_CPU_ISA, None when
-    unset), so that a capped run emulates the lesser CPU in the kernels too, not only in the matrix products."""
-    return ["-march=native"] + ISA_CAP_FLAGS.get((max_isa or "").strip().upper(), [])
+def compiler():
+    """The C++ compiler: $CXX, else g++."""
+    return os.environ.get("CXX") or "g++"
 
 
-def compile_command(output):
-    """The g++ command that builds SOURCES into output against the installed TensorFlow, for this CPU under the
+def target_flags(max_isa, march="native"):
+    """The g++ target for the CPU `march` names (this one by default), less EXCLUDED_FLAGS and capped like oneDNN
+    by max_isa (the value of ONEDNN_MAX_CPU_ISA, None when unset), so that a capped run emulates the lesser CPU in
+    the kernels too, not only in the matrix products."""
+    return ["-march=" + march] + EXCLUDED_FLAGS + ISA_CAP_FLAGS.get((max_isa or "").strip().upper(), [])
+
+
+def compile_command(output, march="native"):
+    """The g++ command that builds UNIT into output against the installed TensorFlow, for this CPU under the
     ONEDNN_MAX_CPU_ISA cap (target_flags). -fno-math-errno: a square root that need not set errno, so that the
     loops taking one vectorize."""
-    return (["g++", "-std=c++17", "-shared", "-fPIC", "-O3"] + target_flags(os.environ.get("ONEDNN_MAX_CPU_ISA"))
-            + ["-fopenmp-simd", "-fno-math-errno", "-w"] + SOURCES + ["-o", output]
+    return ([compiler(), "-std=c++17", "-shared", "-fPIC", "-O3"]
+            + target_flags(os.environ.get("ONEDNN_MAX_CPU_ISA"), march)
+            + ["-fopenmp-simd", "-fno-math-errno", "-w", UNIT, "-o", output]
             + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
 
 
@@ -77,15 +109,47 @@ def library_stem():
 def library_path():
     """build/<stem>-<hash>.so: the hash covers the sources, TensorFlow's version, the command and the machine."""
     digest = hashlib.sha256()
-    for source in SOURCES + HEADERS:
+    for source in [UNIT] + SOURCES + HEADERS:
         with open(source, "rb") as f:
             digest.update(f.read())
     digest.update(" ".join([tf.__version__, platform.machine(), platform.node()] + compile_command("")).encode())
     return os.path.join(BUILD_DIR, "%s-%s.so" % (library_stem(), digest.hexdigest()[:16]))
 
 
+def failure_path(path):
+    """Where a failed build of the library `path` is remembered: build/<stem>-<hash>.failed, keyed like the build,
+    so that a change of source, TensorFlow, compiler or cap tries again."""
+    return path[:-len(".so")] + ".failed"
+
+
+def remove_stale(path):
+    """Removes this target's builds and remembered failures of older sources (other keys of path's stem)."""
+    stem = os.path.basename(path).rsplit("-", 1)[0]
+    for stale in glob.glob(os.path.join(BUILD_DIR, stem + "-*")):
+        key, extension = os.path.splitext(stale)
+        if (extension in (".so", ".failed") and key != path[:-len(".so")]
+                and os.path.basename(key).rsplit("-", 1)[0] == stem):
+            os.remove(stale)
+
+
+def remember_failure(path, reason):
+    """The one line of a failed build, with how to try again, written to failure_path(path) (best effort: a
+    process that cannot write it only fails to spare the next one the compile)."""
+    failed = failure_path(path)
+    line = "%s (remembered: delete %s to try the build again)" % (reason, failed)
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=BUILD_DIR, suffix=".failed.partial", delete=False) as f:
+            f.write(line + "\n")
+        os.replace(f.name, failed)
+    except OSError:
+        pass
+    return line
+
+
 def build(path):
-    """Compiles the library to path (atomically: processes that build at once each write their own file)."""
+    """Compiles the library to path (atomically: processes that build at once each write their own file). A
+    compiler that runs and fails is remembered (remember_failure); one that is missing is not, as finding that
+    out costs nothing."""
     try:
         os.makedirs(BUILD_DIR, exist_ok=True)
         handle, partial = tempfile.mkstemp(suffix=".so", dir=BUILD_DIR)
@@ -96,24 +160,28 @@ def build(path):
         result = subprocess.run(compile_command(partial), capture_output=True, text=True)
     except OSError as e:  # no g++
         os.remove(partial)
-        raise KernelsUnavailable("could not run g++ (%s)" % e.strerror)
+        raise KernelsUnavailable("could not run %s (%s)" % (compiler(), e.strerror)) from None
     if result.returncode != 0:
         os.remove(partial)
-        first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
-        raise KernelsUnavailable("g++ failed: %s" % first)
+        first = next((line for line in result.stderr.splitlines() if "error" in line),
+                     result.stderr.strip()[:200] or "exit status %d" % result.returncode)
+        remove_stale(path)
+        raise KernelsUnavailable(remember_failure(path, "%s failed: %s" % (compiler(), first)))
     os.replace(partial, path)
-    stem = os.path.basename(path).rsplit("-", 1)[0]
-    for stale in glob.glob(os.path.join(BUILD_DIR, stem + "-*.so")):  # this target's builds from older sources
-        if stale != path and os.path.basename(stale).rsplit("-", 1)[0] == stem:
-            os.remove(stale)
+    remove_stale(path)
 
 
 @functools.lru_cache(maxsize=None)
 def load():
-    """The loaded op library (building it first if build/ lacks it). Raises KernelsUnavailable."""
+    """The loaded op library (building it first if build/ lacks it and no failed build of it is remembered).
+    Raises KernelsUnavailable."""
     path = library_path()
     if not os.path.exists(path):
-        build(path)
+        try:
+            with open(failure_path(path), encoding="utf-8") as f:
+                raise KernelsUnavailable(f.read().strip())
+        except (FileNotFoundError, UnicodeDecodeError):
+            build(path)
     try:
         return tf.load_op_library(path)
     except tf.errors.NotFoundError as e:
@@ -297,15 +365,66 @@ def keep_decisions(seed, shape, rate):
     return (draws >= int(round(rate * 2 ** 16)) - 2 ** 15).reshape(shape)
 
 
-def main():
-    """`python -m fast.kernels`: builds the library if build/ lacks it and says whether training will use it."""
+def knows_target(march):
+    """Whether the compiler accepts -march=march (False without a compiler)."""
+    try:
+        result = subprocess.run([compiler(), "-march=" + march, "-E", "-x", "c++", os.devnull], capture_output=True)
+    except OSError:
+        return False
+    return result.returncode == 0
+
+
+def check_command(march):
+    """The compiler command that checks UNIT for the CPU class -march=march (target_flags, uncapped) against the
+    installed TensorFlow: syntax and templates only, no code generated, so any x86 machine checks any class."""
+    return ([compiler(), "-std=c++17", "-fsyntax-only"] + target_flags(None, march) + ["-w", UNIT]
+            + tf.sysconfig.get_compile_flags())
+
+
+def check_target(march):
+    """(True, "") when UNIT compiles for -march=march, else (False, the compiler's first error line)."""
+    result = subprocess.run(check_command(march), capture_output=True, text=True)
+    if result.returncode == 0:
+        return True, ""
+    return False, next((line for line in result.stderr.splitlines() if "error" in line),
+                       result.stderr.strip()[:200] or "exit status %d" % result.returncode)
+
+
+def targets():
+    """{-march: the class it stands for} of TARGETS and of the NEWER_TARGETS the compiler knows."""
+    return {**TARGETS, **{march: name for march, name in NEWER_TARGETS.items() if knows_target(march)}}
+
+
+def check_targets(marches):
+    """Checks every target of marches side by side (one compiler per core); prints a line each and returns
+    whether all compiled."""
+    names = {**TARGETS, **NEWER_TARGETS}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = dict(zip(marches, pool.map(check_target, marches)))
+    for march, (ok, error) in results.items():
+        print("%-15s %s: %s" % (march, names.get(march, ""), "compiles" if ok else "FAILS: " + error))
+    return all(ok for ok, _ in results.values())
+
+
+def main(argv=None):
+    """`python -m fast.kernels`: builds the library if build/ lacks it and says whether training will use it;
+    with --check_targets, compiles the kernels for every x86 class instead."""
+    parser = argparse.ArgumentParser(prog="python -m fast.kernels", description=main.__doc__)
+    parser.add_argument("--check_targets", nargs="*", metavar="MARCH",
+                        help="compile (syntax only: nothing runs) for these g++ -march targets, by default every "
+                             "class the kernels are built for: %s, and %s where the compiler knows them; exit "
+                             "status 1 if one fails" % (", ".join(TARGETS), " and ".join(NEWER_TARGETS)))
+    args = parser.parse_args(argv)
+    if args.check_targets is not None:
+        return 0 if check_targets(args.check_targets or list(targets())) else 1
     try:
         load()
     except KernelsUnavailable as e:
         print("kernels: unavailable (%s); training runs TensorFlow's ops instead" % e)
-        return
+        return 0
     print("kernels: %s" % os.path.relpath(library_path(), os.path.dirname(HERE)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

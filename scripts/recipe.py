@@ -7,13 +7,16 @@ The model is chosen from the candidates of scripts/recipe_table.json (train.py f
 after a measured number of real target tokens trained) by the training budget this machine can buy
 (docs/recipe.md). Phases, each command printed before it runs:
   prepro   the joint BPE vocabulary and segmented corpus, from ../shared/data/multi30k when present, else downloaded
+  kernels  the fused training kernels built for this CPU (python -m fast.kernels), or their failed build remembered,
+           so that neither the measuring nor training pays a compile
   measure  real target tokens/s here: an epoch's mean tokens per batch over the median time of MEASURE_STEPS
            steady-state steps after MEASURE_WARMUP untimed ones, in one scripts/bench_train.py process (one graph
            per candidate): the first candidate first; then each other one whose dev BLEU the table can predict at
            ESTIMATE_SLACK x the target tokens estimated for it from the first one's speed (model FLOPs per
            token), as no other could be chosen. All of it within MEASURE_SHARE of the budget plus the first graph
-           build (a candidate not measured by then can not be chosen). Skipped when the choice can not depend on it
-           (choice_without_measuring)
+           build. A candidate not measured by then (or whose measuring failed) has its speed estimated: from the
+           first one's by model FLOPs per token, or when none was measured, from a 2048^2 matmul read here at
+           MATMUL_SHARE of its FLOP/s. Skipped when the choice can not depend on it (choice_without_measuring)
   choose   for each, the target tokens it would train in the time left (tokens/s x seconds) and the dev BLEU the
            table predicts at that budget; the highest wins (scripts/recipe_table.py has the rule)
   train    the chosen flags with --max_minutes = what is left of the budget minus POST_TRAIN_MINUTES; the learning
@@ -27,6 +30,7 @@ stops after the choice and writes nothing but the data dir.
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import queue
@@ -38,11 +42,14 @@ import threading
 import time
 from typing import Optional
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import recipe_table  # noqa: E402
 import runtime  # noqa: E402
+from datadir import load_manifest, split_paths  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
@@ -63,6 +70,9 @@ MEASURE_SHARE = 0.02
 #: tokens estimated for it from the first one's speed: the estimate counts FLOPs only, and leaving out a candidate
 #: the table could predict (and choose) costs more than measuring one it then can not.
 ESTIMATE_SLACK = 1.25
+#: A training step's model FLOP/s as a share of a 2048^2 fp32 matmul's here (bench_train.py's mfu: about 0.5 in
+#: fp32 on TensorFlow's ops, more with the fused kernels or bf16), for a speed estimated with nothing measured.
+MATMUL_SHARE = 0.5
 #: Measuring stops this many seconds before its allowance is spent, to end within it: the time to kill the measuring
 #: process (it has nothing to save, and a step in progress is not waited for) and collect it.
 STOP_MARGIN_S = 1.0
@@ -116,13 +126,14 @@ def matmul_gflops():
 
 @dataclasses.dataclass
 class Speed:
-    """A candidate's speed here: real target tokens/s (None: not measured) and what it is (or why there is none);
-    result: bench_train.py's JSON; uncounted_s: seconds of the measurement not counted against its allowance (the
-    first candidate's graph build)."""
+    """A candidate's speed here: real target tokens/s (None: neither measured nor estimated) and what it is (or why
+    there is none); result: bench_train.py's JSON; uncounted_s: seconds of the measurement not counted against its
+    allowance (the first candidate's graph build); estimated: whether tokens_per_s is an estimate."""
     tokens_per_s: Optional[float]
     note: str
     result: Optional[dict] = None
     uncounted_s: float = 0.0
+    estimated: bool = False
 
 
 def bench_command(data_dir):
@@ -212,18 +223,46 @@ class Bench:
                 deadline = start + seconds + uncounted
 
 
+def flops_per_sentence(table, name, lengths):
+    """Candidate `name`'s model FLOPs of one forward pass on a sentence pair of lengths = (vocab_size, real source
+    tokens, real target tokens) (model_flops.forward_flops)."""
+    vocab_size, src, tgt = lengths
+    hp = Hparams().parser.parse_args(recipe_table.train_flags(table, name))
+    hp.vocab_size = vocab_size
+    return forward_flops(hp, 1, src, tgt, tgt)
+
+
+def measured_lengths(result):
+    """(vocab_size, real source and target tokens per sentence) of the batches bench_train.py measured."""
+    return (result["vocab_size"], result["real_src_tokens_per_sentence"],
+            result["real_tgt_tokens_per_sentence"])
+
+
+def corpus_lengths(data_dir):
+    """(vocab_size, real source and target tokens per sentence, </s> included) of data_dir's training split."""
+    manifest = load_manifest(data_dir)
+    paths = split_paths(data_dir, manifest, "train")
+    per_side = []
+    for side in (1, 2):
+        offsets = np.fromfile(paths["offsets%d" % side], dtype="<i8")
+        per_side.append(float(offsets[-1]) / max(len(offsets) - 1, 1) + 1)
+    return (manifest["vocab_size"], *per_side)
+
+
 def estimated_speed(table, name, reference_name, reference):
     """An estimate of candidate `name`'s real target tokens/s here from the reference candidate's measured Speed:
-    that speed times the ratio of their model FLOPs per real target token (model_flops.forward_flops, on sentences
-    of the lengths measured). FLOPs only: how the batch size, dropout and each shape's fit to the CPU change the
-    speed is left out, so it is rough (ESTIMATE_SLACK)."""
-    src, tgt = (reference.result["real_%s_tokens_per_sentence" % side] for side in ("src", "tgt"))
+    that speed times the ratio of their model FLOPs per real target token (on sentences of the lengths measured).
+    FLOPs only: how the batch size, dropout and each shape's fit to the CPU change the speed is left out, so it is
+    rough (ESTIMATE_SLACK)."""
+    lengths = measured_lengths(reference.result)
+    return (reference.tokens_per_s * flops_per_sentence(table, reference_name, lengths)
+            / flops_per_sentence(table, name, lengths))
 
-    def flops(candidate):
-        hp = Hparams().parser.parse_args(recipe_table.train_flags(table, candidate))
-        hp.vocab_size = reference.result["vocab_size"]
-        return forward_flops(hp, 1, src, tgt, tgt)
-    return reference.tokens_per_s * flops(reference_name) / flops(name)
+
+def matmul_speed(table, name, lengths, gflops):
+    """An estimate of candidate `name`'s real target tokens/s with nothing measured: a training step (3 forward
+    passes' FLOPs) at MATMUL_SHARE of a matmul's gflops, on sentences of `lengths` (corpus_lengths)."""
+    return MATMUL_SHARE * gflops * 1e9 * lengths[2] / (3 * flops_per_sentence(table, name, lengths))
 
 
 def choice_without_measuring(table, names):
@@ -241,7 +280,9 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
     The first is measured first, its graph build not counted: its Speed is the reference of estimate_tokens(name,
     first's Speed), the target tokens another candidate would train here (None: no estimate). Another candidate is
     measured only when the table can predict its dev BLEU at ESTIMATE_SLACK times that estimate: else measuring it
-    could not change the choice. Candidates without measured runs are never measured but the first."""
+    could not change the choice. Candidates without measured runs are never measured but the first. Those that
+    could have been measured but were not (out of time, or a failed measurement) are estimated (estimate_unmeasured).
+    """
     start = clock()
     first = measure(recipe_table.train_flags(table, names[0]), allowance, False)
     speeds, allowance = {names[0]: first}, allowance + first.uncounted_s
@@ -260,15 +301,36 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
     return speeds
 
 
+def estimate_unmeasured(speeds, names, estimate_speed):
+    """speeds with each candidate that has runs in the table but no speed (its measuring ran out of time or failed)
+    given estimate_speed(name, the first candidate's Speed): (tokens/s, how it was estimated)."""
+    estimated = dict(speeds)
+    for name in names:
+        speed = speeds[name]
+        if speed.tokens_per_s is None and (speed.note == OUT_OF_TIME or speed.note.startswith("measurement failed")):
+            tokens_per_s, how = estimate_speed(name, speeds[names[0]])
+            estimated[name] = Speed(tokens_per_s, "%s (%s)" % (how, speed.note), speed.result, speed.uncounted_s,
+                                    estimated=True)
+    return estimated
+
+
 def predictions(table, speeds, seconds):
-    """{name: recipe_table.Prediction} of the candidates of speeds (measure_speeds) for `seconds` of training."""
-    return {name: recipe_table.predict(table, name, speed.tokens_per_s, seconds) if speed.tokens_per_s is not None
-            else recipe_table.Prediction(None, None, None, speed.note) for name, speed in speeds.items()}
+    """{name: recipe_table.Prediction} of the candidates of speeds (measure_speeds) for `seconds` of training; the
+    basis of one whose speed is estimated starts with how."""
+    predicted = {}
+    for name, speed in speeds.items():
+        if speed.tokens_per_s is None:
+            predicted[name] = recipe_table.Prediction(None, None, None, speed.note)
+            continue
+        predicted[name] = recipe_table.predict(table, name, speed.tokens_per_s, seconds)
+        if speed.estimated:
+            predicted[name].basis = "speed %s; %s" % (speed.note, predicted[name].basis)
+    return predicted
 
 
 def choice_lines(predicted, chosen, reason):
     """What was measured, predicted and chosen, as aligned text lines."""
-    rows = [("candidate", "measured tokens/s", "predicted tokens", "predicted dev BLEU", "how")]
+    rows = [("candidate", "tokens/s here", "predicted tokens", "predicted dev BLEU", "how")]
     for name, p in predicted.items():
         rows.append((name, "-" if p.tokens_per_s is None else "%.0f" % p.tokens_per_s,
                      "-" if p.tokens is None else "%.2f M" % (p.tokens / 1e6),
@@ -357,16 +419,27 @@ def measuring_record(seconds, allowance, speeds):
 
 def measure_here(table, names, args, start, log):
     """measure_speeds with the measuring process (Bench), estimates from the first candidate's speed and the
-    training time left. Returns the speeds and measuring_record."""
+    training time left, then estimate_unmeasured. Returns the speeds and measuring_record."""
     allowance, measure_start = MEASURE_SHARE * args.minutes * 60, time.time()
 
     def estimate_tokens(name, first):
         if first.tokens_per_s is None:
             return None
         return estimated_speed(table, name, names[0], first) * train_seconds_left(args.minutes, start)
+
+    matmul = functools.lru_cache(maxsize=1)(matmul_gflops)  # read once, and only when nothing was measured
+
+    def estimate_speed(name, first):
+        if first.tokens_per_s is not None:
+            return (estimated_speed(table, name, names[0], first),
+                    "estimated from %s's measured speed by model FLOPs per token" % names[0])
+        gflops = matmul()
+        return (matmul_speed(table, name, corpus_lengths(args.data_dir), gflops),
+                "estimated as %g of a %.0f GFLOP/s matmul read here" % (MATMUL_SHARE, gflops))
     with Bench(bench_command(args.data_dir), log) as bench:
         speeds = measure_speeds(table, names, allowance - STOP_MARGIN_S, bench.measure, estimate_tokens)
-    return speeds, measuring_record(time.time() - measure_start, allowance, speeds)
+    record = measuring_record(time.time() - measure_start, allowance, speeds)
+    return estimate_unmeasured(speeds, names, estimate_speed), record
 
 
 def choose_model(table, names, args, start, log):
@@ -396,9 +469,10 @@ def choose_model(table, names, args, start, log):
 
 
 def prepare_and_choose(table, names, args, start, log, seconds):
-    """prepro, then choose_model, for a budget begun at `start`; each phase's wall time goes to seconds. Returns
-    choose_model's."""
+    """prepro and the kernels' build, then choose_model, for a budget begun at `start`; each phase's wall time goes
+    to seconds. Returns choose_model's."""
     _, seconds["prepro"] = run(prepro_command(args.data_dir), log)
+    _, seconds["kernels"] = run([sys.executable, "-m", "fast.kernels"], log)
     measure_start = time.time()
     chosen = choose_model(table, names, args, start, log)
     seconds["measure and choose"] = time.time() - measure_start

@@ -15,8 +15,6 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
 fi
 PY="$VENV/bin/python"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-# the fused training kernels (fast/kernels.py): built once per source and TensorFlow version, skipped with a note if
-# g++ is missing (training then runs TensorFlow's ops)
-if ! ls "$ROOT"/build/kernels-*.so >/dev/null 2>&1; then
-  (cd "$ROOT" && "$PY" -m fast.kernels)
-fi
+# the fused training kernels (fast/kernels.py): built once per source, TensorFlow version and compiler; a failed
+# build is remembered, and training then runs TensorFlow's ops (as it does without g++), with one line saying why
+(cd "$ROOT" && "$PY" -m fast.kernels)

@@ -1,12 +1,15 @@
 """Small models, random batches and the one-hot reference loss shared by the tests."""
+import os
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import distributed
 from data_load import Sources, Targets
 from model import BOS_ID, EOS_ID, ModelConfig, build_transformer
+from fast import kernels
 from modules import label_smoothing
 
 tf1 = tf.compat.v1
@@ -80,3 +83,14 @@ def one_hot_smoothed_cross_entropy(logits, labels, vocab_size, epsilon=0.1):
     """The reference loss: softmax cross entropy against materialized (..., V) smoothed one-hot targets."""
     return tf.nn.softmax_cross_entropy_with_logits(
         labels=label_smoothing(tf.one_hot(labels, vocab_size), epsilon), logits=logits)
+
+
+def fused_kernels():
+    """The fused kernels' op library, for a test that runs them. Where it cannot be built the test skips and says
+    why; under CI (CI=true), whose scripts/test.sh installs g++, it fails: there a failed build is a fault."""
+    try:
+        return kernels.load()
+    except kernels.KernelsUnavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the fused kernels must build under CI: %s" % e)
+        pytest.skip("the fused kernels are unavailable here: %s" % e)

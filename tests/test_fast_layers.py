@@ -4,10 +4,9 @@ import pytest
 import tensorflow as tf
 
 import modules
-from fast import kernels
 from fast.layers import affine, dense, dropout, fused_heads, ln, ln_variables, self_attention, split_heads
 from fast.loss import output_loss, smoothed_cross_entropy
-from model_fixtures import one_hot_smoothed_cross_entropy, run_graph
+from model_fixtures import fused_kernels, one_hot_smoothed_cross_entropy, run_graph
 
 tf1 = tf.compat.v1
 
@@ -42,10 +41,7 @@ def test_attention_sublayer_drops_its_weights_and_its_output_at_their_own_rates(
     """dropout_rate acts on the sublayer's output and attention_dropout on the attention weights: with both 0 the
     training output is the inference output, and either one alone changes it, on both paths."""
     if path == "fused":
-        try:
-            kernels.load()
-        except kernels.KernelsUnavailable as e:
-            pytest.skip(str(e))
+        fused_kernels()
     x = np.random.RandomState(0).randn(2, 5, 8).astype(np.float32)
 
     def train_minus_inference(dropout_rate, attention_dropout):

@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 from decoding import DecodingSettings, translate
-from fast import kernels
 from model import ModelConfig, build_transformer
-from model_fixtures import Placeholders, build, one_hot_smoothed_cross_entropy, random_ids, small_hp, train_step
+from model_fixtures import (Placeholders, build, fused_kernels, one_hot_smoothed_cross_entropy, random_ids, small_hp,
+                            train_step)
 
 tf1 = tf.compat.v1
 
@@ -95,10 +95,7 @@ def test_the_fast_path_gives_the_reference_loss_and_gradients(precision, kernels
     bfloat16's precision (a relative 1e-2 on the loss, gradients pointing the same way) in bf16. Each kernel set and
     each layer-norm placement is covered; bf16 (the fast path's default where the CPU has it) with both."""
     if kernels_ == "fused":
-        try:
-            kernels.load()
-        except kernels.KernelsUnavailable as e:
-            pytest.skip(str(e))
+        fused_kernels()
     rng = np.random.RandomState(4)
     hp = small_hp(smoothing=0.1, precision=precision, kernels=kernels_, norm_type=norm_type)
     x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size, width=9)
@@ -173,10 +170,7 @@ def loss_and_gradients_at(hp, x, y, weights=None):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_fused_kernels_give_the_training_loss_and_gradients_of_tensorflow_ops(precision):
     """Without dropout the fused residual + layer norm is the same function as TensorFlow's ops (fast/kernels.py)."""
-    try:
-        kernels.load()
-    except kernels.KernelsUnavailable as e:
-        pytest.skip(str(e))
+    fused_kernels()
     rng = np.random.RandomState(3)
     hp = small_hp(smoothing=0.1, precision=precision)
     x, y = random_ids(rng, [6, 5, 7, 4], hp.vocab_size), random_ids(rng, [5, 7, 6, 3], hp.vocab_size, width=9)

@@ -276,13 +276,33 @@ def test_a_speed_is_estimated_from_the_first_candidates_by_the_ratio_of_model_fl
     assert recipe.estimated_speed(table, "one", "one", first) == pytest.approx(712.0)
 
 
+def test_with_nothing_measured_a_speed_is_a_share_of_the_matmul_by_model_flops():
+    # the table of the test above: one block, 188 FLOPs a forward pass on a pair of 1 and 1 tokens; 3 passes a step
+    table = {"train_flags": ["--d_model", "2", "--d_ff", "3", "--num_heads", "1"], "runs": [],
+             "candidates": [{"name": "one", "flags": ["--num_blocks", "1"]}]}
+    assert recipe.matmul_speed(table, "one", (5, 1, 1), 100.0) == pytest.approx(recipe.MATMUL_SHARE * 100e9 / 564)
+
+
+def test_a_candidate_that_could_not_be_measured_is_estimated_from_what_was():
+    first = recipe.Speed(1000.0, "measured", {"vocab_size": 5})
+    speeds = {"small": first, "mid": recipe.Speed(None, recipe.OUT_OF_TIME),
+              "big": recipe.Speed(None, "measurement failed: a bug"),
+              "empty": recipe.Speed(None, "not measured: no measured runs in the table")}
+    estimated = recipe.estimate_unmeasured(speeds, list(speeds), lambda name, first: (first.tokens_per_s / 2, "est."))
+    assert estimated["small"] is first and estimated["empty"] == speeds["empty"]
+    assert estimated["mid"] == recipe.Speed(500.0, "est. (%s)" % recipe.OUT_OF_TIME, estimated=True)
+    assert estimated["big"] == recipe.Speed(500.0, "est. (measurement failed: a bug)", estimated=True)
+    predicted = recipe.predictions(SMALL_AND_BIG, {"big": estimated["big"]}, 2000)  # 1 M tokens: big's first run
+    assert predicted["big"].bleu == 25.0 and predicted["big"].basis.startswith("speed est. (measurement failed")
+
+
 def test_what_was_measured_predicted_and_chosen_is_printed_as_a_table():
     predicted = {"small": recipe_table.Prediction(1234.4, 5.678e6, 38.126, "interpolated"),
                  "big": recipe_table.Prediction(None, None, None, "not measured")}
     assert recipe.choice_lines(predicted, "small", "the highest predicted dev BLEU") == [
-        "candidate  measured tokens/s  predicted tokens  predicted dev BLEU  how",
-        "small                   1234            5.68 M               38.13  interpolated",
-        "big                        -                 -                   -  not measured",
+        "candidate  tokens/s here  predicted tokens  predicted dev BLEU  how",
+        "small               1234            5.68 M               38.13  interpolated",
+        "big                    -                 -                   -  not measured",
         "chose small: the highest predicted dev BLEU"]
 
 
@@ -429,10 +449,34 @@ def test_choose_only_prints_the_choice_and_stops_before_training(tmp_path, monke
                                     "--logdir", logdir, "--table", write_table(tmp_path, SMALL_AND_BIG),
                                     "--choose_only")
     assert (code, err) == (0, "")
-    assert [command[1] for command in commands] == ["prepro.py"] and list(logdir.iterdir()) == []
+    assert [command[1:] for command in commands][1:] == [["-m", "fast.kernels"]]  # after prepro, before measuring
+    assert commands[0][1] == "prepro.py" and list(logdir.iterdir()) == []
     assert re.search(r"^measure: [\d.]+ s \(72\.0 s allowed, 2% of the budget, and 2\.0 s of the first candidate's "
                      r"graph build not counted\)$", out, re.M)
     assert out.rstrip().splitlines()[-1] == "chose small: the highest predicted dev BLEU"
+
+
+class TimedOutBench(FakeBench):
+    """A measuring process whose every measurement runs out of time, as one that spent its share compiling."""
+
+    def measure(self, flags, seconds, count_build):
+        return recipe.Speed(None, recipe.OUT_OF_TIME)
+
+
+def test_the_recipe_never_chooses_blind_while_the_table_covers_the_budget(tmp_path, monkeypatch, capsys):
+    """With nothing measured, every candidate with runs is estimated from a matmul read here and predicted: the
+    choice is the table's, never "the first one listed"."""
+    monkeypatch.setattr(recipe, "run", lambda command, log: ("", 1))
+    monkeypatch.setattr(recipe, "Bench", TimedOutBench)
+    monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
+    monkeypatch.setattr(recipe, "corpus_lengths", lambda data_dir: (8000, 14.0, 15.0))
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
+                                    "--table", write_table(tmp_path, SMALL_AND_BIG), "--choose_only")
+    assert (code, err) == (0, "")
+    assert "the first one listed" not in out and out.rstrip().splitlines()[-1].startswith("chose ")
+    for name in ("small", "big"):
+        row = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert "estimated as 0.5 of a 100 GFLOP/s matmul read here" in row and " - " not in row, row
 
 
 # ------------------------------------------------------------------------------------------------
