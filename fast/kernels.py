@@ -146,6 +146,15 @@ def remember_failure(path, reason):
     return line
 
 
+def remembered_failure(path):
+    """The line of a failed build of `path` that remember_failure wrote, or None."""
+    try:
+        with open(failure_path(path), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def build(path):
     """Compiles the library to path (atomically: processes that build at once each write their own file). A
     compiler that runs and fails is remembered (remember_failure); one that is missing is not, as finding that
@@ -177,11 +186,10 @@ def load():
     Raises KernelsUnavailable."""
     path = library_path()
     if not os.path.exists(path):
-        try:
-            with open(failure_path(path), encoding="utf-8") as f:
-                raise KernelsUnavailable(f.read().strip())
-        except (FileNotFoundError, UnicodeDecodeError):
-            build(path)
+        remembered = remembered_failure(path)
+        if remembered:
+            raise KernelsUnavailable(remembered)
+        build(path)
     try:
         return tf.load_op_library(path)
     except tf.errors.NotFoundError as e:
