@@ -19,15 +19,15 @@ never averaged again. They are for testing and translating, not for resuming tra
 import contextlib
 import os
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+from toolkit import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
 
 import numpy as np
 import tensorflow as tf
 
-from errors import DiskFull, OneLineParser, UserError, run_cli, writing
-from logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock,
+from toolkit.errors import DiskFull, OneLineParser, UserError, run_cli, writing
+from toolkit.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock,
                     remove_partial_checkpoints)
-from textio import check_writable_dir
+from toolkit.outputs import check_writable_dir
 
 tf1 = tf.compat.v1
 

@@ -19,22 +19,23 @@ and translate.json (the decoding settings and the model's source length limit) f
 """
 import os
 
-import runtime  # first: TensorFlow's environment defaults
+from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import contextlib
 import shlex
 
 import tensorflow as tf
 
-import ctranslate2_engine
+from toolkit import ctranslate2_engine
 from data_load import PAD_ID, Sources
-from datadir import bpe_model_path
+from toolkit.datadir import bpe_model_path
 from decoding import DecodingSettings, translate
-from errors import OneLineParser, UserError, run_cli, writing
+from toolkit.errors import OneLineParser, UserError, run_cli, writing
 from hparams import TRAINED_FLAGS_HINT
-from logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
+from toolkit.logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
 from model import ModelConfig, build_transformer
-from textio import check_writable_dir, staging_dir
+from toolkit.outputs import check_writable_dir
+from toolkit.staging import staging_dir
 
 tf1 = tf.compat.v1
 
@@ -112,7 +113,7 @@ def save_model(sess, export_dir, inputs, outputs, asset):
 
 @contextlib.contextmanager
 def export_staging(export_dir):
-    """The staging directory of an export, beside export_dir (textio.staging_dir: those of killed exports are
+    """The staging directory of an export, beside export_dir (toolkit.staging.staging_dir: those of killed exports are
     removed first); a full disk is a line naming export_dir and its free space."""
     parent = os.path.dirname(os.path.realpath(export_dir))
     os.makedirs(parent, exist_ok=True)

@@ -9,8 +9,8 @@ import argparse
 import json
 import math
 
-from datadir import MANIFEST_NAME
-from errors import OneLineParser, UserError
+from toolkit.datadir import MANIFEST_NAME
+from toolkit.errors import OneLineParser, UserError
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its own flags):
 #: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.

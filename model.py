@@ -29,7 +29,7 @@ import tensorflow as tf
 from decoding import decoding_log_probs, length_penalty, translate
 from modules import (dropout, ff, get_token_embeddings, label_smoothing, ln, multihead_attention, noam_cooldown_scheme,
                      noam_scheme, positional_encoding, warmup_decay_scheme)
-from textio import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (for the modules that import them from here)
+from toolkit.ids import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (for the modules that import them from here)
 
 tf1 = tf.compat.v1
 

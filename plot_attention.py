@@ -15,8 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from errors import OneLineParser, run_cli  # noqa: E402
-from textio import atomic_file, check_writable_dir  # noqa: E402
+from toolkit.errors import OneLineParser, run_cli  # noqa: E402
+from toolkit.outputs import atomic_file, check_writable_dir  # noqa: E402
 
 #: Largest number of head panels side by side.
 MAX_COLUMNS = 4
@@ -62,7 +62,7 @@ def plot_positional_encoding(encoding, fpath):
 
 
 def save(fig, fpath):
-    """Writes the figure as a PNG output (textio.atomic_file) and closes it."""
+    """Writes the figure as a PNG output (toolkit.outputs.atomic_file) and closes it."""
     with atomic_file(fpath) as handle:
         fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)

@@ -25,14 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from corpora import FILE_FLAGS, SPLITS, file_splits, log
-from corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
-from corpora.numbers import numbers_corpus
-from databuild import build_data_dir, read_bpe_model
-from datadir import MANIFEST_NAME, check_data_dir, check_inputs_kept
-from errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, interrupted_exit_code, report,
+from toolkit.corpora import FILE_FLAGS, SPLITS, file_splits, log
+from toolkit.corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
+from toolkit.corpora.numbers import numbers_corpus
+from toolkit.databuild import build_data_dir, read_bpe_model
+from toolkit.datadir import MANIFEST_NAME, check_data_dir, check_inputs_kept
+from toolkit.errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line, interrupted_exit_code, report,
                     run_cli)
-from textio import SPECIAL_PIECES, check_writable_dir
+from toolkit.ids import SPECIAL_PIECES
+from toolkit.outputs import check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}

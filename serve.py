@@ -24,7 +24,7 @@ connections, answers the requests already in, and exits 0. One line per request 
 """
 import os
 
-import runtime  # first: TensorFlow's environment defaults
+from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import asyncio
 import concurrent.futures
@@ -45,11 +45,11 @@ from aiohttp import web
 
 import translate
 from data_load import run_in_length_batches
-from datadir import bpe_model_path
-from errors import UserError, run_cli
+from toolkit.datadir import bpe_model_path
+from toolkit.errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from logdir import trained_model_files
-from textio import PAD_ID
+from toolkit.ids import PAD_ID
+from toolkit.logdir import trained_model_files
 
 tf1 = tf.compat.v1
 

@@ -10,7 +10,7 @@ counting the pairs from 1) and TESTDIR/files.json are written instead, with one 
 """
 import os
 
-import runtime  # first: TensorFlow's environment defaults
+from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import json
 import time
@@ -19,13 +19,14 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from data_load import eval_order, get_batch
-from datadir import bpe_model_path, split_paths
+from toolkit.datadir import bpe_model_path, split_paths
 from decoding import DecodingSettings, translate
-from errors import UserError, run_cli
+from toolkit.errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from logdir import load_trained_hparams, restore, trained_model_files
+from toolkit.logdir import load_trained_hparams, restore, trained_model_files
 from model import ModelConfig, build_transformer
-from textio import atomic_write, check_writable_dir, read_lines
+from toolkit.outputs import atomic_write, check_writable_dir
+from toolkit.textfiles import read_lines
 from translate import Translator, best_translations, read_pair
 from utils import calc_bleu, calc_chrf, get_hypotheses
 

@@ -14,7 +14,7 @@ import time
 
 STARTED = time.time()  # before TensorFlow is imported: start-up time counts from here
 
-import runtime  # first: TensorFlow's environment defaults
+from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import collections.abc
 import contextlib
@@ -28,20 +28,21 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-import distributed
+from toolkit import distributed
 from fast import kernels
-from budget import Budget
+from toolkit.budget import Budget
 from data_load import Sources, eval_order, get_batch
-from datadir import BPE_MODEL, bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
+from toolkit.datadir import BPE_MODEL, bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
 from decoding import DecodingSettings
-from errors import DiskFull, UserError, is_disk_full, run_cli
+from toolkit.errors import DiskFull, UserError, is_disk_full, run_cli
 from hparams import MODEL_FLAGS, Hparams, check_ranges, parse_flags, type_error
-from logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, check_trained, checkpoint_state, find_checkpoint,
+from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, check_trained, checkpoint_state, find_checkpoint,
                     is_averaged, load_trained_hparams, logdir_lock, read_best, record_dev_bleu,
                     remove_partial_checkpoints, restore, restore_weights, save_hparams, save_variable_specs,
                     trained_data_dir)
 from model import ModelConfig, build_transformer
-from textio import atomic_write, check_writable_dir, read_json, read_lines
+from toolkit.outputs import atomic_write, check_writable_dir
+from toolkit.textfiles import read_json, read_lines
 from utils import Progress, calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1

@@ -37,24 +37,25 @@ import contextlib
 import math
 import os
 
-import runtime  # first: TensorFlow's environment defaults
+from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import sys
 
 import sentencepiece as spm
 import tensorflow as tf
 
-import ctranslate2_engine
+from toolkit import ctranslate2_engine
 import decoding
 from data_load import Sources, pad, run_in_length_batches
-from datadir import bpe_model_path
-from errors import UserError, run_cli
+from toolkit.datadir import bpe_model_path
+from toolkit.errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
-from logdir import load_trained_hparams, restore, trained_model_files
+from toolkit.logdir import load_trained_hparams, restore, trained_model_files
 from model import ModelConfig, build_transformer
 from modules import positional_encoding
-from textio import (EOS_ID, PAD_ID, UNK_ID, atomic_file, check_not_an_input, check_writable_dir, check_writable_file,
-                    clean_line, decode_lines)
+from toolkit.ids import EOS_ID, PAD_ID, UNK_ID
+from toolkit.outputs import atomic_file, check_not_an_input, check_writable_dir, check_writable_file
+from toolkit.textfiles import clean_line, decode_lines
 from utils import postprocess
 
 tf1 = tf.compat.v1

@@ -11,8 +11,8 @@ import numpy as np
 import sacrebleu
 from tqdm import tqdm
 
-import runtime
-from textio import EOS_ID, PAD_ID
+from toolkit import runtime
+from toolkit.ids import EOS_ID, PAD_ID
 
 
 def postprocess(ids, sp):

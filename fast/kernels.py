@@ -35,7 +35,7 @@ import tempfile
 
 import numpy as np
 
-import runtime  # noqa: F401  (first: TensorFlow's environment defaults, its start-up lines filtered)
+from toolkit import runtime  # noqa: F401  (first: TensorFlow's environment defaults, its start-up lines filtered)
 import tensorflow as tf  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

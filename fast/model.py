@@ -19,7 +19,7 @@ from fast.layers import (affine, cross_attention, dense, dropout, ff, fused_dens
 from fast.loss import output_loss
 from model import Transformer
 from modules import get_token_embeddings, positional_encoding
-from textio import PAD_ID
+from toolkit.ids import PAD_ID
 
 tf1 = tf.compat.v1
 

@@ -28,15 +28,15 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 
 import tensorflow as tf  # noqa: E402
 
 from bench_train import matmul_gflops  # noqa: E402
 from data_load import get_batch  # noqa: E402
-from datadir import MANIFEST_NAME, load_manifest  # noqa: E402
+from toolkit.datadir import MANIFEST_NAME, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from textio import iter_lines  # noqa: E402
+from toolkit.textfiles import iter_lines  # noqa: E402
 
 tf1 = tf.compat.v1
 

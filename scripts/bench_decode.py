@@ -38,19 +38,19 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 
 import tensorflow as tf  # noqa: E402
 
-import ctranslate2_engine  # noqa: E402
+from toolkit import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, Sources, load_side, pad  # noqa: E402
-from datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
+from toolkit.datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from logdir import find_checkpoint, load_trained_hparams, restore, trained_data_dir  # noqa: E402
+from toolkit.logdir import find_checkpoint, load_trained_hparams, restore, trained_data_dir  # noqa: E402
 from model import ModelConfig, Transformer, build_transformer  # noqa: E402
-from errors import run_cli  # noqa: E402
+from toolkit.errors import run_cli  # noqa: E402
 
 tf1 = tf.compat.v1
 

@@ -16,11 +16,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 
 import tensorflow as tf  # noqa: E402
 
-import distributed  # noqa: E402
+from toolkit import distributed  # noqa: E402
 import train  # noqa: E402
 
 tf1 = tf.compat.v1

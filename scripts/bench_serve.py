@@ -28,9 +28,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import runtime  # noqa: E402 (first of the project's modules: TensorFlow's environment defaults)
-from errors import OneLineParser, UserError, run_cli  # noqa: E402
-from textio import read_lines  # noqa: E402
+from toolkit import runtime  # noqa: E402 (first of the project's modules: TensorFlow's environment defaults)
+from toolkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
+from toolkit.textfiles import read_lines  # noqa: E402
 
 #: Multi30k's test sources, in the shared data beside the repository.
 DEFAULT_INPUT = os.path.join(ROOT, "..", "shared", "data", "multi30k", "test.de")
@@ -138,8 +138,8 @@ def translate_py_speed(decoding_flags, sentences):
     import sentencepiece as spm
     import tensorflow as tf
     import translate
-    from datadir import bpe_model_path
-    from logdir import trained_model_files
+    from toolkit.datadir import bpe_model_path
+    from toolkit.logdir import trained_model_files
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
     hp, args = translate.parse_args(decoding_flags)

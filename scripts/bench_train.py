@@ -33,16 +33,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import distributed  # noqa: E402
+from toolkit import distributed  # noqa: E402
 from fast import kernels  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from toolkit.errors import UserError, run_cli  # noqa: E402
 from data_load import epoch_pairs, input_fn  # noqa: E402
-from datadir import load_manifest  # noqa: E402
+from toolkit.datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
 from model_flops import forward_flops  # noqa: E402

@@ -48,9 +48,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import recipe_table  # noqa: E402
-import runtime  # noqa: E402
-from datadir import load_manifest, split_paths  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from toolkit import runtime  # noqa: E402
+from toolkit.datadir import load_manifest, split_paths  # noqa: E402
+from toolkit.errors import UserError, run_cli  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
 

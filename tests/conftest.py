@@ -7,7 +7,7 @@ The tests that need a trained model share tiny_model, trained once per session. 
 `bash scripts/test.sh -m "not slow"`, trains nothing but a few steps inside single tests."""
 import pytest
 
-import runtime  # noqa: F401
+from toolkit import runtime  # noqa: F401
 import tensorflow as tf
 
 from model_fixtures import TINY_MODEL_MAXLEN1

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from errors import run_cli
+from toolkit.errors import run_cli
 
 
 def run_in_process(capsys, name, main, *args):

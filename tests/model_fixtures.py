@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import distributed
+from toolkit import distributed
 from data_load import Sources, Targets
 from model import BOS_ID, EOS_ID, ModelConfig, build_transformer
 from fast import kernels

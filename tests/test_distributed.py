@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import distributed
+from toolkit import distributed
 from data_load import Sources, Targets
 from model_fixtures import Placeholders, random_ids, small_hp
-from errors import UserError
+from toolkit.errors import UserError
 
 tf1 = tf.compat.v1
 

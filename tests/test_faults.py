@@ -23,17 +23,17 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
-import databuild
+from toolkit import databuild
 import export
 import hparams
-import logdir as logdir_tools
+from toolkit import logdir as logdir_tools
 import plot_attention
 import prepro
 import test as test_cli
 import train
 import translate
-from datadir import MANIFEST_NAME
-from errors import UserError
+from toolkit.datadir import MANIFEST_NAME
+from toolkit.errors import UserError
 from model import ModelConfig
 from in_process import run_in_process
 
@@ -329,12 +329,12 @@ def test_tensorflow_file_errors_are_one_line_naming_the_path(model, capsys, monk
     line = one_line(capsys, "train.py", "--logdir", logdir, "--max_steps", "62", "--lr_schedule", "noam")
     assert line.startswith("error: %s" % (logdir / "E04_L")) and os.strerror(error_number) in line
     assert "the path is " in line and "pass a" in line
-    from errors import error_line
+    from toolkit.errors import error_line
     assert error_line(tf.errors.InvalidArgumentError(None, None, "indices out of range")) is None  # a bug: traceback
 
 
 def test_os_error_lines_say_what_to_do():
-    from errors import os_error_line
+    from toolkit.errors import os_error_line
     for number, phrase in ((errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
                            (errno.ENOTDIR, "a file where a directory belongs"), (errno.EISDIR, "is a directory"),
                            (errno.ENOENT, "does not exist"), (errno.ENOSPC, "no space left on the device")):
@@ -586,7 +586,7 @@ def test_prepro_refuses_a_vocabulary_without_room_for_text(tmp_path, capsys, voc
 
 
 # ------------------------------------------------------------------------------------------------
-# Outputs never replace what is not theirs (textio.output_target)
+# Outputs never replace what is not theirs (toolkit.outputs.output_target)
 
 
 def read_in_thread(path_or_fd, chunks):
@@ -697,7 +697,7 @@ def test_a_truncated_checkpoint_is_one_line_for_avg_checkpoints(model, capsys):
 
 
 def test_a_full_disk_names_the_path_and_its_disks_free_space(model, tmp_path, capsys, monkeypatch):
-    from errors import os_error_line, writing
+    from toolkit.errors import os_error_line, writing
     with pytest.raises(UserError) as error, writing(tmp_path / "out", "the output"):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write() names no file
     assert re.fullmatch(r"no space left on the device while writing the output \([\d.]+ MB free on %s\)"
@@ -756,7 +756,7 @@ def test_a_read_only_checkout_falls_back_to_tensorflows_ops(tmp_path, monkeypatc
 
 
 def test_a_lost_worker_is_one_line():
-    from errors import error_line
+    from toolkit.errors import error_line
     line = error_line(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nDetected at node 'x' defined "
                                                              "at (most recent call last):\n  File \"train.py\"\n"
                                                              "Collective ops is aborted by: Socket closed\nmore"))
@@ -765,7 +765,7 @@ def test_a_lost_worker_is_one_line():
 
 
 # ------------------------------------------------------------------------------------------------
-# One mechanism for staging, what killed runs left, and locks (textio)
+# One mechanism for staging, what killed runs left, and locks (toolkit.staging, toolkit.locks)
 
 
 def dead_pid():
@@ -774,7 +774,7 @@ def dead_pid():
 
 
 def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsys):
-    from textio import atomic_write
+    from toolkit.outputs import atomic_write
     logdir, _ = model
     dead, live = dead_pid(), os.getpid()
     (logdir / "avg_last1-60.data-00000-of-00001.tempstate123").write_bytes(b"half")  # a killed save's
@@ -799,7 +799,7 @@ def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsy
 
 
 def test_sigterm_during_a_build_ends_prepro_with_143_and_no_staging(tmp_path, capsys, monkeypatch):
-    from errors import Terminated
+    from toolkit.errors import Terminated
 
     def terminated(*args, **kwargs):
         raise Terminated()
@@ -810,7 +810,7 @@ def test_sigterm_during_a_build_ends_prepro_with_143_and_no_staging(tmp_path, ca
 
 
 def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
-    from datadir import staging_dir
+    from toolkit.datadir import staging_dir
     data = tmp_path / "data"
     data.mkdir()
     with staging_dir(data) as staging:  # another prepro.py building it
@@ -826,7 +826,7 @@ def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
 
 
 def test_how_each_kind_of_output_path_is_written(tmp_path):
-    from textio import output_target
+    from toolkit.outputs import output_target
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "file")
     (tmp_path / "dangling").symlink_to(tmp_path / "new" / "target")

@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-import databuild
-import datadir
+from toolkit import databuild
+from toolkit import datadir
 import prepro
 from data_load import load_side
-from corpora import SPLITS, LinesOf
-from corpora.download import MULTI30K_FILES
-from corpora.numbers import date_pair, english_cardinal, english_year, german_cardinal, numbers_corpus
-from textio import atomic_write, clean_line, decode_lines, sha256_file
+from toolkit.checksums import sha256_file
+from toolkit.corpora import SPLITS, LinesOf
+from toolkit.corpora.download import MULTI30K_FILES
+from toolkit.corpora.numbers import date_pair, english_cardinal, english_year, german_cardinal, numbers_corpus
+from toolkit.outputs import atomic_write
+from toolkit.textfiles import clean_line, decode_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MULTI30K_DIR = REPO_ROOT.parent / "shared/data/multi30k"

@@ -30,18 +30,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import distributed
+from toolkit import distributed
 import prepro
-import runtime
+from toolkit import runtime
 import test as test_cli
 import train
 import translate
 import utils
-from datadir import MANIFEST_NAME, load_manifest
-from errors import UserError
+from toolkit.datadir import MANIFEST_NAME, load_manifest
+from toolkit.errors import UserError
 from in_process import run_in_process
-from logdir import CheckpointGone, find_checkpoint, load_trained_hparams, logdir_lock, restore, whole_records_size
-from textio import atomic_write, read_lines
+from toolkit.logdir import CheckpointGone, find_checkpoint, load_trained_hparams, logdir_lock, restore, whole_records_size
+from toolkit.outputs import atomic_write
+from toolkit.textfiles import read_lines
 from utils import calc_bleu
 
 tf1 = tf.compat.v1

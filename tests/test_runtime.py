@@ -36,7 +36,7 @@ def test_release_freed_memory_returns_freed_heap_to_the_system():
     # 200 MB of 1,000-byte objects (each a malloc below glibc's mmap threshold), freed except one allocated last,
     # which keeps the heap's top in use, so glibc cannot give the rest back by itself.
     code = """
-import runtime
+from toolkit import runtime
 def anon_mb():
     return next(int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
 blocks = [bytes(1000) for _ in range(200000)]
@@ -59,7 +59,7 @@ def test_library_mappings_are_the_read_only_maps_of_shared_libraries(tmp_path):
         "7f0000600000-7f0000700000 r--p 00000000 08:01 13 /data/train.ids\n"
         "7f0000800000-7f0000900000 rw-p 00000000 00:00 0 \n"
         "7f0000900000-7f0000a00000 r-xp 00000000 08:01 14 /opt/so.data/tool\n")
-    import runtime
+    from toolkit import runtime
     assert runtime.library_mappings(str(maps)) == [(0x7f0000000000, 0x7f0000400000),
                                                    (0x7f0000400000, 0x7f0000500000)]
 

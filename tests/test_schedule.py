@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
-import budget
+from toolkit import budget
 import export
-import runtime
+from toolkit import runtime
 import test as test_cli
 import train
 from model import SCHEDULE_TOTAL_STEPS

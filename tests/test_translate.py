@@ -11,7 +11,7 @@ import sentencepiece as spm
 
 import prepro
 import translate
-from errors import UserError
+from toolkit.errors import UserError
 from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
 

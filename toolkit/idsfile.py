@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from errors import UserError
+from toolkit.errors import UserError
 
 OFFSETS_DTYPE = np.dtype("<i8")
 

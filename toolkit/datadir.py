@@ -26,11 +26,15 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from corpora import SIDES, SPLITS, log
-import textio
-from errors import UserError, writing
-from idsfile import ids_dtype, map_file, release_pages
-from textio import SPECIAL_PIECES, iter_lines, read_json, same_file, sha256_file, write_json
+from toolkit.checksums import sha256_file
+from toolkit.corpora import SIDES, SPLITS, log
+from toolkit.errors import UserError, writing
+from toolkit.ids import SPECIAL_PIECES
+from toolkit.idsfile import ids_dtype, map_file, release_pages
+from toolkit.locks import exclusive_lock
+from toolkit.outputs import same_file, write_json
+from toolkit.textfiles import iter_lines, read_json
+import toolkit.staging
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
 MANIFEST_FORMAT = 2
@@ -139,12 +143,12 @@ STAGING_PREFIX = ".build-"
 
 @contextlib.contextmanager
 def staging_dir(data_dir):
-    """A new empty directory inside ``data_dir`` to build in (textio.staging_dir: those of killed builds are removed
-    first), while this process holds the data dir's lock: a second prepro.py on it is refused at once, and never
+    """A new empty directory inside ``data_dir`` to build in (toolkit.staging.staging_dir:
+    those of killed builds are removed first), while this process holds the data dir's lock: a second prepro.py on it is refused at once, and never
     removes the staging of the first. A full disk is a line naming data_dir and its free space."""
     busy = f"{data_dir} is being built by another prepro.py: wait for it to end, stop it, or pass another --data_dir"
-    with textio.exclusive_lock(str(data_dir), None, lambda holder: busy), writing(data_dir), \
-            textio.staging_dir(data_dir, STAGING_PREFIX) as path:
+    with exclusive_lock(str(data_dir), None, lambda holder: busy), writing(data_dir), \
+            toolkit.staging.staging_dir(data_dir, STAGING_PREFIX) as path:
         yield path
 
 

@@ -24,7 +24,7 @@ import shutil
 
 import numpy as np
 
-from textio import write_json
+from toolkit.outputs import write_json
 
 #: The settings file of a converted model directory.
 SETTINGS_FILE = "translate.json"

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from corpora import FILE_FLAGS, log, pair_up
-from errors import UserError
-from textio import atomic_write, decode_lines, gunzip, read_lines, sha256_bytes, sha256_file
+from toolkit.checksums import sha256_bytes, sha256_file
+from toolkit.corpora import FILE_FLAGS, log, pair_up
+from toolkit.errors import UserError
+from toolkit.outputs import atomic_write
+from toolkit.textfiles import decode_lines, gunzip, read_lines
 
 DOWNLOAD_TIMEOUT_S = 30
 

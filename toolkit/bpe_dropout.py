@@ -24,7 +24,7 @@ import random
 import numpy as np
 import sentencepiece as spm
 
-from textio import UNK_ID
+from toolkit.ids import UNK_ID
 
 #: What starts a word in sentencepiece's pieces.
 WORD_START = "\u2581"

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-import distributed
+from toolkit import distributed
 
 
 class Budget:

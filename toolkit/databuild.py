@@ -17,12 +17,15 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from corpora import FILE_FLAGS, SIDES, SPLITS, check_same_length, log
-from datadir import (BPE_MODEL, BPE_VOCAB, build_manifest, check_data_dir, is_up_to_date, publish, read_manifest,
+from toolkit.corpora import FILE_FLAGS, SIDES, SPLITS, check_same_length, log
+from toolkit.datadir import (BPE_MODEL, BPE_VOCAB, build_manifest, check_data_dir, is_up_to_date, publish, read_manifest,
                      split_files, staging_dir)
-from errors import UserError
-from idsfile import IdsWriter, ids_dtype
-from textio import SPECIAL_PIECES, UNK_ID, atomic_write, clean_line, iter_lines, line_writer, sha256_bytes, write_lines
+from toolkit.checksums import sha256_bytes
+from toolkit.errors import UserError
+from toolkit.ids import SPECIAL_PIECES, UNK_ID
+from toolkit.idsfile import IdsWriter, ids_dtype
+from toolkit.outputs import atomic_write, line_writer, write_lines
+from toolkit.textfiles import clean_line, iter_lines
 
 #: BPE is trained on a random sample of this many sentences (both sides) of train when it has more.
 BPE_SAMPLE_SENTENCES = 2_000_000
@@ -104,7 +107,7 @@ class BpeModel:
 
 def read_bpe_model(path):
     """The sentencepiece model at path as a BpeModel; a UserError when it is missing, unreadable, or has other
-    special pieces than prepro.py gives its models (textio.SPECIAL_PIECES)."""
+    special pieces than prepro.py gives its models (toolkit.ids.SPECIAL_PIECES)."""
     try:
         with open(path, "rb") as f:
             proto = f.read()
@@ -259,7 +262,7 @@ class CleanSplit:
 
 
 def clean_split(staging, split, lines1, lines2, dedup):
-    """Clean a split line by line into staging/SPLIT.clean.1 and .2 (see textio.clean_line). Train leaves out pairs
+    """Clean a split line by line into staging/SPLIT.clean.1 and .2 (see toolkit.textfiles.clean_line). Train leaves out pairs
     with an empty side, and with ``dedup`` keeps the first of repeated pairs only. Returns a CleanSplit."""
     clean1, clean2 = staging / f"{split}.clean.1", staging / f"{split}.clean.2"
     hashes, empty, lines, identical = array.array("Q"), 0, 0, 0

@@ -229,7 +229,7 @@ BOM = "\ufeff"
 
 def command_line_arguments(args, error):
     """The arguments with byte-order marks removed (pasted from a file that starts with one; files have theirs
-    stripped too, textio.lines_of); error(message) on an argument that is not valid UTF-8 (Python keeps its bytes
+    stripped too, toolkit.textfiles.lines_of); error(message) on an argument that is not valid UTF-8 (Python keeps its bytes
     as lone surrogates, which no library below can read)."""
     cleaned = []
     for number, arg in enumerate(map(str, args), 1):

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from data_load import Sources, Targets
 from model import PAD_ID, ModelConfig, attention_image, build_transformer, make_optimizer
-from errors import UserError
+from toolkit.errors import UserError
 
 tf1 = tf.compat.v1
 

@@ -2,7 +2,7 @@
 
 Every entry point imports this module before TensorFlow (or any module that imports TensorFlow):
 
-    import runtime  # noqa: F401  (first: sets TensorFlow's environment defaults)
+    from toolkit import runtime  # noqa: F401  (first: sets TensorFlow's environment defaults)
 
 A variable the user has set keeps its value:
   TF_CPP_MIN_LOG_LEVEL=2           no TensorFlow C++ INFO/WARNING lines on the console.
@@ -227,10 +227,10 @@ def machine_summary():
 def onednn_isa():
     """The instruction set oneDNN reports using for its kernels in this environment (e.g. "Intel AVX2"), read from
     ONEDNN_VERBOSE output of a small matmul in a subprocess; None if it does not say."""
-    code = ("import runtime, tensorflow as tf; tf.compat.v1.disable_eager_execution(); x = tf.ones([64, 64]); "
+    code = ("import toolkit.runtime, tensorflow as tf; tf.compat.v1.disable_eager_execution(); x = tf.ones([64, 64]); "
             "tf.compat.v1.Session().run(tf.matmul(x, x))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__)), env={**os.environ, "ONEDNN_VERBOSE": "1"})
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "ONEDNN_VERBOSE": "1"})
     for line in (result.stdout + result.stderr).splitlines():
         if ",isa:" in line:
             return line.split(",isa:", 1)[1].strip()

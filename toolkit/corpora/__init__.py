@@ -7,8 +7,8 @@ corpora.download fetches the public ones.
 """
 from pathlib import Path
 
-from errors import UserError
-from textio import iter_lines
+from toolkit.errors import UserError
+from toolkit.textfiles import iter_lines
 
 SPLITS = ("train", "eval", "test")
 SIDES = (1, 2)
@@ -29,7 +29,7 @@ def check_same_length(count1, count2, name1, name2):
 
 
 class LinesOf:
-    """The lines of a text file (see textio.iter_lines), read anew each time they are iterated."""
+    """The lines of a text file (see toolkit.textfiles.iter_lines), read anew each time they are iterated."""
 
     def __init__(self, path):
         self.path = path

@@ -6,8 +6,8 @@ dates use ordinals and spoken years ('neunzehnhundertvierundachtzig', 'nineteen 
 import calendar
 import random
 
-from corpora import unzip_pairs
-from errors import UserError
+from toolkit.corpora import unzip_pairs
+from toolkit.errors import UserError
 
 GERMAN_SMALL = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn",
                 "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn", "achtzehn", "neunzehn"]

@@ -29,12 +29,15 @@ from argparse import Namespace
 import numpy as np
 import tensorflow as tf
 
-import datadir
-from errors import UserError
+from toolkit import datadir
+from toolkit.errors import UserError
 from hparams import (LEGACY_VALUES, MODEL_FLAGS, RECORDED_TYPES, Hparams, check_ranges, range_error,
                      type_error)
 from model import SCHEDULE_TOTAL_STEPS
-from textio import atomic_write, exclusive_lock, process_description, read_json, remove_stale
+from toolkit.locks import exclusive_lock, process_description
+from toolkit.outputs import atomic_write
+from toolkit.staging import remove_stale
+from toolkit.textfiles import read_json
 
 tf1 = tf.compat.v1
 

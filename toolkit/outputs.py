@@ -1,0 +1,174 @@
+"""How every output of the toolkit is written: a regular file atomically (written beside it, fsynced, renamed into
+place), a device, FIFO or open file as it is (output_target); and the checks, before any work, that an output path
+can be written and is not an input.
+
+Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings.
+"""
+import contextlib
+import json
+import os
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+
+from toolkit.errors import UserError, writing
+from toolkit.staging import remove_stale
+
+
+def reaches_an_open_file(path):
+    """Whether ``path`` is, or its symbolic links lead through, /proc/PID/fd/N (as /dev/stdout and /dev/fd/N do):
+    a file this process already has open, which its opener owns."""
+    path = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if os.path.realpath(os.path.dirname(path)).startswith("/proc/"):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
+
+
+def output_target(path):
+    """How an output at ``path`` is written: (the path to write, whether atomically). Every output of the toolkit
+    is written through this decision (atomic_file):
+      - a regular file, or a new one: replaced atomically (see atomic_file);
+      - a symbolic link: followed, its target replaced atomically and the link kept;
+      - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written directly,
+        never replaced, as the program that reads it expects."""
+    try:
+        mode = os.stat(path).st_mode  # of the link's target
+    except OSError:  # a new file (or a dangling link's new target), or a path that the write will report
+        mode = stat.S_IFREG
+    if any(test(mode) for test in STREAMS) or reaches_an_open_file(path):
+        return str(path), False
+    return os.path.realpath(path), True
+
+
+#: The kinds of file that an output is written into as they are: devices, FIFOs and sockets.
+STREAMS = (stat.S_ISCHR, stat.S_ISBLK, stat.S_ISFIFO, stat.S_ISSOCK)
+
+
+@contextlib.contextmanager
+def atomic_file(path, text=False):
+    """Yields a file object (binary, or UTF-8 text with '\\n' line endings) to write the output ``path`` with, as
+    output_target decides. A regular file is written on a temporary file beside it; when the block ends, the file is
+    fsynced and renamed into place (with the old file's permissions), so that a reader (or a kill -9) sees the old
+    file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see errors.run_cli) the
+    temporary file is removed and the old file (if any) is untouched. A device, FIFO or open file is opened and
+    written as it is. A full disk is raised as a DiskFull naming ``path``, another OSError of the temporary file as
+    one naming ``path``."""
+    target, atomic = output_target(path)
+    if not atomic:
+        with writing(path), (open(target, "w", encoding="utf-8", newline="\n") if text
+                             else open(target, "wb")) as handle:
+            yield handle
+        return
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, f".{target.name}.", ".tmp")
+    temp_path = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with writing(path, temporary=temp_path):
+            with open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(temp_path, stat.S_IMODE(os.stat(target).st_mode))  # the replaced file's permissions
+            os.replace(temp_path, target)
+    finally:
+        temp_path.unlink(missing_ok=True)
+
+
+def atomic_write(path, data):
+    """Write ``data`` (bytes, or str as UTF-8) to ``path`` at once (see atomic_file)."""
+    with atomic_file(path) as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def write_lines(path, lines):
+    """Atomically write ``lines`` as UTF-8 text, each followed by '\\n'."""
+    atomic_write(path, "".join(line + "\n" for line in lines))
+
+
+@contextlib.contextmanager
+def line_writer(path):
+    """Write a new UTF-8 text file line by line: yields write(line), which appends line + '\\n'. The file is
+    flushed to disk when the block ends (a build writes such files into a staging directory: databuild.py)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as handle:
+        yield lambda line: handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+
+def write_json(path, value):
+    """Atomically write ``value`` as indented JSON."""
+    atomic_write(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def nearest_existing(path):
+    """``path`` itself or the nearest directory above it that exists."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable_dir(path, flag):
+    """Raises UserError unless ``path`` (given as --flag) is, or can be created as, a directory that this process
+    can write files in; creates nothing. Tools call it before any work, so that a bad path never costs a run."""
+    existing = nearest_existing(path)
+    if not existing.is_dir():
+        where = f"{path} is" if existing == Path(os.path.abspath(path)) else f"{existing}, above {path}, is"
+        raise UserError(f"--{flag} {path}: {where} a file, not a directory; pass a directory")
+    _probe(existing, flag, path)
+
+
+def check_writable_file(path, flag):
+    """Raises UserError unless ``path`` (given as --flag) names a file, not a directory, in an existing directory
+    that this process can write files in (a symbolic link: its target), or a device, FIFO or open file it may write
+    (see output_target); creates nothing."""
+    target, atomic = output_target(path)
+    if not atomic:
+        if not os.access(target, os.W_OK):
+            raise UserError(f"--{flag} {path}: this process may not write to it (permission denied); pass a path "
+                            "it may write")
+        return
+    path = Path(target)
+    if path.is_dir():
+        raise UserError(f"--{flag} {path} is a directory: name a file")
+    if not path.parent.is_dir():
+        what = "is a file" if path.parent.exists() else "does not exist"
+        raise UserError(f"--{flag} {path}: its directory {path.parent} {what}; create the directory or name a "
+                        "file in one that exists")
+    _probe(path.parent, flag, path)
+
+
+def check_not_an_input(output, flag, inputs):
+    """Raises UserError if the output ``output`` (given as --flag) is one of ``inputs`` ({flag: path}), through
+    links and other names: an input is never replaced by an output."""
+    for input_flag, path in inputs.items():
+        if path and same_file(output, path):
+            raise UserError(f"--{flag} {output} is the file given as --{input_flag} {path}: it would be replaced "
+                            f"by the output; pass another --{flag}")
+
+
+def same_file(first, second):
+    """Whether two paths name one existing file (through links, hard links and other names)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
+def _probe(directory, flag, path):
+    """Creates and removes a temporary file in ``directory``: the one test of writability that holds for root, a
+    read-only mount and full quotas alike."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise UserError(f"--{flag} {path}: cannot write in {directory} ({error.strerror}); pass a path where "
+                        "files can be written") from None

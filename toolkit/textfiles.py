@@ -1,0 +1,93 @@
+"""Reading text files: UTF-8 lines one at a time ('\\r\\n', a missing final newline, a byte-order mark and gzip
+compression are fine; invalid UTF-8 is a line naming where), JSON, and the cleaning every input line gets."""
+import gzip
+import io
+import json
+import os
+import unicodedata
+import zlib
+
+from toolkit.errors import UserError
+
+
+#: The byte-order mark some editors put at the start of a UTF-8 file.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def lines_of(handle, name):
+    """Yield the lines of a binary file object as str, one at a time, without their '\\n' or '\\r\\n'; a
+    missing final newline and a byte-order mark are fine.
+
+    Raises UserError naming ``name``, the line and the byte column on invalid UTF-8.
+    """
+    for line_number, raw in enumerate(handle, 1):
+        if line_number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM):]
+        raw = raw[:-1] if raw.endswith(b"\n") else raw
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UserError(f"{name}: line {line_number} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at "
+                            f"byte column {error.start + 1}); convert the file to UTF-8 (e.g. with iconv)") from None
+
+
+def decode_lines(data, name):
+    """The lines of UTF-8 ``data`` (bytes) as a list (see lines_of)."""
+    return list(lines_of(io.BytesIO(data), name))
+
+
+#: The first bytes of every gzip file.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gunzip(data, name):
+    """``data`` unpacked if it is gzip-compressed (whatever the file is called), else ``data`` itself.
+
+    Raises UserError naming ``name`` if it is a damaged gzip file.
+    """
+    if not data.startswith(GZIP_MAGIC):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:
+        raise UserError(f"{name} is not a valid gzip file ({error})") from None
+
+
+def iter_lines(path):
+    """Yield the lines of a UTF-8 text file, gzip-compressed or not (whatever it is called), one at a time
+    (see lines_of): a file of any size is read in constant memory. Raises UserError on a missing, unreadable
+    or damaged file."""
+    try:
+        with open(path, "rb") as raw:
+            handle = gzip.GzipFile(fileobj=raw) if raw.read(2) == GZIP_MAGIC else raw
+            raw.seek(0)
+            yield from lines_of(handle, str(path))
+    except FileNotFoundError:
+        raise UserError(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a file") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise UserError(f"{path} is not a valid gzip file ({error})") from None
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror}") from None
+
+
+def read_lines(path):
+    """The lines of a text file as a list (see iter_lines)."""
+    return list(iter_lines(path))
+
+
+def clean_line(line):
+    """Unicode NFC, surrounding whitespace removed, inner whitespace runs as one space."""
+    return " ".join(unicodedata.normalize("NFC", line).split())
+
+
+def read_json(fpath, remedy):
+    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a UserError naming it,
+    what is wrong and `remedy`, what to do about it."""
+    try:
+        with open(fpath, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
+        raise UserError("%s is not valid JSON (%s): %s" % (fpath, str(error).splitlines()[0][:120], remedy)) from None
