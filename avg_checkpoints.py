@@ -19,7 +19,7 @@ never averaged again. They are for testing and translating, not for resuming tra
 import contextlib
 import os
 
-from toolkit import runtime  # noqa: F401  (first: TensorFlow's environment defaults)
+from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import numpy as np
 import tensorflow as tf
@@ -148,8 +148,7 @@ def make_latest(logdir, ckpt):
 
 
 def main(argv=None):
-    tf1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
+    runtime.start_graph_mode()
     args = parse_args(argv)
     checkpoints = select_checkpoints(args.logdir, args.last)
     values = average(checkpoints)

@@ -26,16 +26,15 @@ import shlex
 
 import tensorflow as tf
 
-from toolkit import ctranslate2_engine
-from data_load import PAD_ID, Sources
-from toolkit.datadir import bpe_model_path
-from decoding import DecodingSettings, translate
-from toolkit.errors import OneLineParser, UserError, run_cli, writing
+from data_load import Sources
 from hparams import TRAINED_FLAGS_HINT
-from toolkit.logdir import load_trained_hparams, pinned_checkpoint, restore, trained_model_files
-from model import ModelConfig, build_transformer
+from toolkit import ctranslate2_engine
+from toolkit.errors import OneLineParser, UserError, run_cli, writing
+from toolkit.ids import PAD_ID
+from toolkit.logdir import pinned_checkpoint
 from toolkit.outputs import check_writable_dir
 from toolkit.staging import staging_dir
+from toolkit.trained_model import TrainedModel, trained_hparams
 
 tf1 = tf.compat.v1
 
@@ -73,9 +72,8 @@ def parse_args(argv):
         raise UserError("--quantization %s applies to --format ctranslate2 only: the SavedModel holds the float32 "
                         "weights; add --format ctranslate2, or leave --quantization out" % args.quantization)
     args.quantization = args.quantization or "float32"
-    hp = load_trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in TRAINED_OVERRIDES
-                                            if getattr(args, flag) is not None})
-    runtime.resolve_precision(hp)
+    hp = trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in TRAINED_OVERRIDES
+                                       if getattr(args, flag) is not None})
     check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
@@ -83,7 +81,7 @@ def parse_args(argv):
     return args, hp
 
 
-def build_translator(hp):
+def build_translator(trained):
     """Translation graph over a src_ids placeholder (N, T), in the default graph.
 
     Returns the signature's inputs {"src_ids"} and outputs {"ids" (N, T'), "scores" (N,)}.
@@ -91,7 +89,7 @@ def build_translator(hp):
     src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
     x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)  # (N,), counts </s>
     xs = Sources(src_ids, x_seqlen)
-    ids, scores = translate(build_transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
+    ids, scores = trained.translation(xs)
     return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"), "scores": tf.identity(scores, name="scores")}
 
 
@@ -140,19 +138,18 @@ def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
 
 
 def main(argv=None):
-    tf1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
+    runtime.start_graph_mode()
     args, hp = parse_args(argv)
-    manifest, ckpt = trained_model_files(hp, args.ckpt)
-    bpe_model = bpe_model_path(hp.data_dir, manifest)
+    trained = TrainedModel(hp, args.ckpt)
+    ckpt, bpe_model = trained.ckpt, trained.bpe_model
     if args.format == "ctranslate2":
         export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""
               % (os.path.basename(ckpt), args.quantization, args.export_dir, shlex.quote(args.export_dir)))
         return 0
-    with tf.Graph().as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
-        inputs, outputs = build_translator(hp)
-        ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not args.ckpt)
+    inputs, outputs = build_translator(trained)
+    with trained.session() as sess:
+        ckpt = trained.ckpt
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)
     print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, shlex.quote(args.export_dir)))

@@ -16,6 +16,9 @@ from toolkit.errors import OneLineParser, UserError
 #: where the model and data are, how to decode, and how to run. Everything else comes from LOGDIR/hparams.json.
 DECODING_FLAGS = ("logdir", "data_dir", "ckpt", "test_batch_size", "beam_size", "alpha", "max_len_a", "max_len_b",
                   "threads", "precision", "impl")
+#: The model's defaults, stated once: its flags below take them, and so does model.ModelConfig.
+MODEL_DEFAULTS = {"d_model": 256, "d_ff": 1024, "num_blocks": 3, "num_heads": 8, "dropout_rate": 0.1,
+                  "relu_dropout": 0.0, "norm_type": "post", "smoothing": 0.1, "impl": "fast"}
 #: What a tool that reads a trained model says about a flag it does not take.
 TRAINED_FLAGS_HINT = "; the model's shape and training flags come from LOGDIR/hparams.json"
 
@@ -71,18 +74,18 @@ class Hparams:
 
     @staticmethod
     def _add_model(group):
-        group.add_argument("--d_model", type=int, default=256, help="hidden size of every layer")
-        group.add_argument("--d_ff", type=int, default=1024, help="inner size of the position-wise feed-forward")
-        group.add_argument("--num_blocks", type=int, default=3, help="encoder blocks (and as many decoder blocks)")
-        group.add_argument("--num_heads", type=int, default=8, help="attention heads; must divide d_model")
-        group.add_argument("--dropout_rate", type=float, default=0.1, help="dropout on embeddings and sublayers")
+        group.add_argument("--d_model", type=int, default=MODEL_DEFAULTS["d_model"], help="hidden size of every layer")
+        group.add_argument("--d_ff", type=int, default=MODEL_DEFAULTS["d_ff"], help="inner size of the position-wise feed-forward")
+        group.add_argument("--num_blocks", type=int, default=MODEL_DEFAULTS["num_blocks"], help="encoder blocks (and as many decoder blocks)")
+        group.add_argument("--num_heads", type=int, default=MODEL_DEFAULTS["num_heads"], help="attention heads; must divide d_model")
+        group.add_argument("--dropout_rate", type=float, default=MODEL_DEFAULTS["dropout_rate"], help="dropout on embeddings and sublayers")
         group.add_argument("--attention_dropout", type=float, default=None,
                            help="dropout on the attention weights (softmax outputs); default: --dropout_rate")
-        group.add_argument("--relu_dropout", type=float, default=0.0,
+        group.add_argument("--relu_dropout", type=float, default=MODEL_DEFAULTS["relu_dropout"],
                            help="dropout on the feed-forward sublayers' inner ReLU activations (the paper has none)")
-        group.add_argument("--norm_type", choices=["post", "pre"], default="post",
+        group.add_argument("--norm_type", choices=["post", "pre"], default=MODEL_DEFAULTS["norm_type"],
                            help="post: LN(x + f(x)) as in the paper; pre: x + f(LN(x)), steadier when deep")
-        group.add_argument("--impl", choices=["fast", "reference"], default="fast",
+        group.add_argument("--impl", choices=["fast", "reference"], default=MODEL_DEFAULTS["impl"],
                            help="fast: fused products, custom gradients, mixed precision and (--kernels) C++ "
                                 "kernels (fast/); reference: modules.py's plain TensorFlow ops in float32, the "
                                 "paper as written, slower. The same variables: checkpoints move between the two, "
@@ -118,7 +121,7 @@ class Hparams:
                            help="--lr_schedule noam_cooldown: the fraction of the training budget, at its end, over "
                                 "which the rate falls linearly to 0")
         group.add_argument("--warmup_steps", type=int, default=1000, help="learning-rate warm-up steps")
-        group.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
+        group.add_argument("--smoothing", type=float, default=MODEL_DEFAULTS["smoothing"], help="label smoothing epsilon")
         group.add_argument("--seed", type=int, default=1234, help="graph-level random seed and shuffling seed")
         group.add_argument("--keep_checkpoints", type=int, default=5,
                            help="how many checkpoints to keep; the best by dev BLEU is kept besides, as best-STEP "

@@ -27,6 +27,7 @@ import dataclasses
 import tensorflow as tf
 
 from decoding import decoding_log_probs, length_penalty, translate
+from hparams import MODEL_DEFAULTS
 from modules import (dropout, ff, get_token_embeddings, label_smoothing, ln, multihead_attention, noam_cooldown_scheme,
                      noam_scheme, positional_encoding, warmup_decay_scheme)
 from toolkit.ids import BOS_ID, EOS_ID, PAD_ID  # noqa: F401  (for the modules that import them from here)
@@ -41,18 +42,22 @@ class ModelConfig:
     """What the model computes: its shape, its regularisation, its precision and implementation; made once from the
     flags and never changed (decoding settings are decoding.DecodingSettings, training settings stay with train.py)."""
     vocab_size: int        # V: one joint BPE vocabulary
-    d_model: int = 256     # width of every layer (Section 3)
-    d_ff: int = 512        # inner width of the feed-forward sublayers (Section 3.3)
-    num_blocks: int = 3    # blocks of the encoder, and of the decoder
-    num_heads: int = 8     # h (Section 3.2.2); d_model is a multiple of it
-    dropout_rate: float = 0.1  # P_drop (Section 5.4): on the embeddings and on every sublayer's output
-    attention_dropout: float = 0.1  # on the attention weights (the paper's base model: P_drop there too)
-    relu_dropout: float = 0.0  # on the feed-forward sublayers' inner activations (none in the paper)
-    norm_type: str = "post"    # where layer norm sits: "post" (the paper) or "pre"
-    smoothing: float = 0.1     # label smoothing epsilon (Section 5.4)
-    impl: str = "fast"         # "reference": this module's Transformer; "fast": fast.model.FastTransformer
-    precision: str = "fp32"    # fast only: "fp32", "bf16" or "fp16", the dtype of the matrix products
-    kernels: str = "tf"        # fast only: "fused" runs training's softmax, layer norms and loss as C++ kernels
+    precision: str         # fast only: "fp32", "bf16" or "fp16", the dtype of the matrix products
+    kernels: str           # fast only: "fused" runs training's softmax, layer norms and loss as C++ kernels
+    # the defaults of the flags (hparams.MODEL_DEFAULTS)
+    d_model: int = MODEL_DEFAULTS["d_model"]        # width of every layer (Section 3)
+    d_ff: int = MODEL_DEFAULTS["d_ff"]              # inner width of the feed-forward sublayers (Section 3.3)
+    num_blocks: int = MODEL_DEFAULTS["num_blocks"]  # blocks of the encoder, and of the decoder
+    num_heads: int = MODEL_DEFAULTS["num_heads"]    # h (Section 3.2.2); d_model is a multiple of it
+    # P_drop (Section 5.4): on the embeddings and on every sublayer's output
+    dropout_rate: float = MODEL_DEFAULTS["dropout_rate"]
+    # on the attention weights (the paper's base model: P_drop there too)
+    attention_dropout: float = MODEL_DEFAULTS["dropout_rate"]
+    # on the feed-forward sublayers' inner activations (none in the paper)
+    relu_dropout: float = MODEL_DEFAULTS["relu_dropout"]
+    norm_type: str = MODEL_DEFAULTS["norm_type"]  # where layer norm sits: "post" (the paper) or "pre"
+    smoothing: float = MODEL_DEFAULTS["smoothing"]  # label smoothing epsilon (Section 5.4)
+    impl: str = MODEL_DEFAULTS["impl"]  # "reference": this module's Transformer; "fast": fast.model's
 
     @classmethod
     def from_flags(cls, hp):
@@ -70,6 +75,16 @@ def transformer_class(impl):
         return Transformer
     from fast.model import FastTransformer
     return FastTransformer
+
+
+def resolve_kernels(hp):
+    """Replaces hp.kernels "auto" by "fused" or "tf" (fast.kernels.resolve_kernels); the reference implementation
+    runs no kernel of fast/ and does not import it: "tf"."""
+    if hp.impl == "reference":
+        hp.kernels = "tf"
+        return
+    from fast.kernels import resolve_kernels as resolve_fast_kernels
+    resolve_fast_kernels(hp)
 
 
 def build_transformer(config):

@@ -27,31 +27,23 @@ import os
 from toolkit import runtime  # first: TensorFlow's environment defaults
 
 import asyncio
-import concurrent.futures
-import functools
 import hmac
-import html
-import html.parser
-import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 
-import sentencepiece as spm
-import tensorflow as tf
 from aiohttp import web
 
-import translate
-from data_load import run_in_length_batches
-from toolkit.datadir import bpe_model_path
-from toolkit.errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
+from toolkit.batcher import ApiError, Batcher
+from toolkit.documents import Document, document_entries
+from toolkit.errors import UserError, run_cli
 from toolkit.ids import PAD_ID
-from toolkit.logdir import trained_model_files
+from toolkit.sentences import nbest_texts, prepare
+from toolkit.trained_model import TrainedModel, trained_hparams
+from toolkit.translator import Translator
 
-tf1 = tf.compat.v1
 
 #: The page served at /.
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page", "index.html")
@@ -103,81 +95,10 @@ def parse_args(argv):
             raise UserError("--%s %s is out of range: it must be at least %s" % (flag, getattr(args, flag), lowest))
     if args.port > 65535:
         raise UserError("--port %d is out of range: it must be at most 65535" % args.port)
-    return translate.trained_hparams(args.logdir, given), args
+    return trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS}), args
 
 
 # ---------------------------------------------------------------- text in and out
-class Document:
-    """One q item: the segments to translate, and the text around them that stays (template: strings kept and
-    None for each segment's translation). Text: every line is a segment. HTML: see HtmlSegments."""
-
-    def __init__(self, q, fmt):
-        self.fmt = fmt
-        if fmt == "html":
-            parser = HtmlSegments()
-            parser.feed(q)
-            parser.close()
-            self.template, self.segments = parser.template, parser.segments
-        else:
-            self.segments = q.split("\n")
-            self.template = [None if k % 2 == 0 else "\n" for k in range(2 * len(self.segments) - 1)]
-
-    def render(self, translations):
-        """The document with its segments replaced by translations (one per segment, in order)."""
-        texts = iter(html.escape(text, quote=False) if self.fmt == "html" else text for text in translations)
-        return "".join(next(texts) if kept is None else kept for kept in self.template)
-
-
-class HtmlSegments(html.parser.HTMLParser):
-    """Splits HTML into its text runs between tags (segments, with entities decoded and surrounding whitespace left
-    out) and the rest, kept as written: tags with their attributes, comments, declarations, whitespace, and the
-    content of script and style."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.template, self.segments, self.raw = [], [], False
-
-    def handle_starttag(self, tag, attrs):
-        self.template.append(self.get_starttag_text())
-        self.raw = tag in self.CDATA_CONTENT_ELEMENTS
-
-    def handle_startendtag(self, tag, attrs):
-        self.template.append(self.get_starttag_text())
-
-    def handle_endtag(self, tag):
-        self.template.append("</%s>" % tag)
-        self.raw = False
-
-    def handle_data(self, data):
-        text = data.strip()
-        if self.raw or not text:
-            self.template.append(data)
-            return
-        start = data.index(text)
-        self.template += [data[:start], None, data[start + len(text):]]
-        self.segments.append(text)
-
-    def handle_comment(self, data):
-        self.template.append("<!--%s-->" % data)
-
-    def handle_decl(self, decl):
-        self.template.append("<!%s>" % decl)
-
-    def handle_pi(self, data):
-        self.template.append("<?%s>" % data)
-
-    def unknown_decl(self, data):
-        self.template.append("<![%s]>" % data)
-
-
-def document_entries(document, segment_entries):
-    """The n-best of a document: [(text, score)], entry k with every segment's k-th best and the sum of their
-    scores, as far as every segment has a k-th. segment_entries: per segment, nbest_texts' entries."""
-    depth = min(len(entries) for entries in segment_entries) if segment_entries else 1
-    return [(document.render([entries[k][0] for entries in segment_entries]),
-             sum(entries[k][1] for entries in segment_entries)) for k in range(depth)]
-
-
 def attention_entry(source, ids, weights, sp):
     """One model input's attention for the page: its source and target pieces (with </s>) and the (T2, T1)
     weights averaged over heads."""
@@ -187,117 +108,17 @@ def attention_entry(source, ids, weights, sp):
 
 
 # ---------------------------------------------------------------- the model's worker
-class ApiError(Exception):
-    """A request the server refuses: its HTTP status and the message of {"error": ...}."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status = status
-
-
-class Job:
-    """The model inputs of one request, whether it wants their attention, and the future of their results."""
-
-    def __init__(self, sources, attention):
-        self.sources, self.attention = sources, attention
-        self.future = concurrent.futures.Future()
-
-
-class Batcher:
-    """A worker thread that runs the model on the sentences of every request: it takes the first waiting job and
-    those that arrive within `wait` seconds, up to batch_size sentences, and runs them together in batches sorted
-    by length (those that want attention apart, with the translator's attention pass). At most queue_size requests
-    wait at once; each waits at most `timeout` seconds."""
-
-    def __init__(self, translator, batch_size, wait, queue_size, timeout):
-        self.translator, self.batch_size, self.wait = translator, batch_size, wait
-        self.queue_size, self.timeout = queue_size, timeout
-        self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
-        self.jobs = queue.Queue()
-        self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
-        self.thread.start()
-
-    async def translate(self, sources, attention):
-        """The translator's results of sources, through the worker's queue (429 when it is full, 504 past
-        --timeout)."""
-        if not sources:
-            return []
-        if self.pending >= self.queue_size:
-            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again shortly" % self.pending)
-        self.pending += 1
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)), self.timeout)
-        except asyncio.TimeoutError:
-            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: send fewer "
-                                "sentences or try again later" % self.timeout) from None
-        finally:
-            self.pending -= 1
-
-    def submit(self, sources, attention):
-        """Queues one request's model inputs; returns the concurrent future of their translator results."""
-        job = Job(sources, attention)
-        self.jobs.put(job)
-        return job.future
-
-    def stop(self):
-        """Ends the worker once the jobs queued before are done."""
-        self.jobs.put(None)
-        self.thread.join()
-
-    def work(self):
-        stopping = False
-        while not stopping:
-            jobs, stopping = self.collect(self.jobs.get())
-            self.run_jobs([job for job in jobs if job.future.set_running_or_notify_cancel()])  # not those timed out
-
-    def collect(self, job):
-        """The jobs to run together, from job (None: stop) on; and whether stop was asked."""
-        jobs, deadline = [], time.monotonic() + self.wait
-        while job is not None:
-            jobs.append(job)
-            remaining = deadline - time.monotonic()
-            if sum(len(job.sources) for job in jobs) >= self.batch_size or remaining <= 0:
-                return jobs, False
-            try:
-                job = self.jobs.get(timeout=remaining)
-            except queue.Empty:
-                return jobs, False
-        return jobs, True
-
-    def run_jobs(self, jobs):
-        for attention in (False, True):
-            group = [job for job in jobs if job.attention == attention]
-            if group:
-                self.run_group(group, attention)
-
-    def run_group(self, jobs, attention):
-        """Runs the jobs' sources at once (with the attention pass when attention) and hands each job its results
-        (or the error)."""
-        try:
-            results = run_in_length_batches(functools.partial(self.translator.run, with_attention=attention),
-                                            [source for job in jobs for source in job.sources],
-                                            self.translator.batch_size)
-        except Exception as error:  # noqa: BLE001 (each request answers 500 with it)
-            for job in jobs:
-                job.future.set_exception(error)
-            return
-        start = 0
-        for job in jobs:
-            job.future.set_result(results[start:start + len(job.sources)])
-            start += len(job.sources)
-
-
 # ---------------------------------------------------------------- the API
 class Service:
     """The model behind the server (its translator in a Batcher, sentencepiece, languages) and the limits."""
 
     def __init__(self, hp, args):
-        manifest, ckpt = trained_model_files(hp, hp.ckpt)
-        self.sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
+        trained = TrainedModel(hp, hp.ckpt)
+        manifest, self.sp = trained.manifest, trained.sentencepiece()
         # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
         self.source_lang, self.target_lang = manifest.get("src_lang", "de"), manifest.get("tgt_lang", "en")
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
-        translator = translate.Translator(hp, ckpt, hp.beam_size, with_attention=True)
+        translator = Translator(trained, hp.beam_size, with_attention=True)
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000, args.queue_size,
                                args.timeout)
 
@@ -333,8 +154,8 @@ class Service:
                                 % (language_field("target", target), self.target_lang))
 
     def prepare(self, documents):
-        """Per document, per segment, the model inputs (translate.prepare); at most --max_sentences in all."""
-        parts = [[translate.prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
+        """Per document, per segment, the model inputs (toolkit.sentences.prepare); at most --max_sentences in all."""
+        parts = [[prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
                  for document in documents]
         count = sum(len(segment) for document in parts for segment in document)
         if count > self.args.max_sentences:
@@ -410,7 +231,7 @@ def read_results(documents, parts, results, sp):
         for sources in segments:
             part_results = [next(results) for _ in sources]
             # an empty line, like a line whose every entry beam search left unfilled, translates as ""
-            segment_entries.append((translate.nbest_texts(part_results, sp) if sources else []) or [("", 0.0)])
+            segment_entries.append((nbest_texts(part_results, sp) if sources else []) or [("", 0.0)])
             maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
                      in zip(sources, part_results) if weights is not None]
         entries.append(document_entries(document, segment_entries))
@@ -508,8 +329,7 @@ async def serve(service, args):
 
 
 def main(argv=None):
-    tf1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
+    runtime.start_graph_mode()
     hp, args = parse_args(argv)
     service = Service(hp, args)
     try:

@@ -15,19 +15,17 @@ from toolkit import runtime  # first: TensorFlow's environment defaults
 import json
 import time
 
-import sentencepiece as spm
 import tensorflow as tf
 
 from data_load import eval_order, get_batch
-from toolkit.datadir import bpe_model_path, split_paths
-from decoding import DecodingSettings, translate
-from toolkit.errors import UserError, run_cli
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from toolkit.logdir import load_trained_hparams, restore, trained_model_files
-from model import ModelConfig, build_transformer
+from toolkit.datadir import split_paths
+from toolkit.errors import UserError, run_cli
 from toolkit.outputs import atomic_write, check_writable_dir
+from toolkit.sentences import best_translations, read_pair
 from toolkit.textfiles import read_lines
-from translate import Translator, best_translations, read_pair
+from toolkit.trained_model import TrainedModel, trained_hparams
+from toolkit.translator import Translator
 from utils import calc_bleu, calc_chrf, get_hypotheses
 
 tf1 = tf.compat.v1
@@ -44,22 +42,20 @@ def parse_args(argv):
     group.add_argument("--ref", nargs="+", default=[], metavar="FILE",
                        help="the reference translation of each --src file, line by line")
     args, given = parse_flags(parser, argv)
-    hp = load_trained_hparams(args.logdir, given)
+    hp = trained_hparams(args.logdir, given)
     hp.src, hp.ref = args.src, args.ref
-    runtime.resolve_precision(hp)
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
     check_writable_dir(hp.testdir, "testdir")  # before the decode, which a bad --testdir would waste
     return hp
 
 
 def main(argv=None):
-    tf1.disable_eager_execution()
-    tf1.reset_default_graph()  # main() may run more than once in a process (tests)
-    tf.get_logger().setLevel("ERROR")
+    runtime.start_graph_mode()
     hp = parse_args(argv)
     if hp.src or hp.ref:
         return score_files(hp)
-    manifest, ckpt = trained_model_files(hp, hp.ckpt, ("test",))
+    trained = TrainedModel(hp, hp.ckpt, ("test",))
+    manifest = trained.manifest
     files = split_paths(hp.data_dir, manifest, "test")
     batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None, hp.test_batch_size)
     if not num_sentences:
@@ -67,11 +63,10 @@ def main(argv=None):
                         "set" % hp.data_dir)
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
-    ids, scores = translate(build_transformer(ModelConfig.from_flags(hp)), xs, DecodingSettings.from_flags(hp))
-    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
-    runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
-    with tf1.Session(config=runtime.session_config(hp)) as sess:
-        ckpt = restore(sess, ckpt, hp.logdir, follow_latest=not hp.ckpt)
+    ids, scores = trained.translation(xs)
+    sp = trained.sentencepiece()
+    with trained.session() as sess:
+        ckpt = trained.ckpt
         start = time.time()
         try:
             hypotheses, _ = get_hypotheses(sess, iterator.initializer, ids, xs.x_seqlen, num_batches(),
@@ -98,9 +93,9 @@ def score_files(hp):
         raise UserError("%d --src files but %d --ref files: give one --ref file per --src file, in the same order"
                         % (len(hp.src), len(hp.ref)))
     pairs = [read_pair(source, reference, ("src", "ref")) for source, reference in zip(hp.src, hp.ref)]
-    manifest, ckpt = trained_model_files(hp, hp.ckpt)
-    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
-    translator = Translator(hp, ckpt)
+    trained = TrainedModel(hp, hp.ckpt)
+    sp, translator = trained.sentencepiece(), Translator(trained)
+    ckpt = trained.ckpt
     results = []
     try:
         for number, (source, reference, (sources, references)) in enumerate(zip(hp.src, hp.ref, pairs), 1):

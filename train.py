@@ -20,7 +20,6 @@ import collections.abc
 import contextlib
 import dataclasses
 import math
-import signal
 import sys
 from argparse import Namespace
 
@@ -28,21 +27,23 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from toolkit import distributed
-from fast import kernels
-from toolkit.budget import Budget
 from data_load import Sources, eval_order, get_batch
-from toolkit.datadir import BPE_MODEL, bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
 from decoding import DecodingSettings
+from hparams import Hparams, check_ranges, parse_flags
+from model import ModelConfig, build_transformer, resolve_kernels
+from toolkit import distributed
+from toolkit.budget import Budget
+from toolkit.datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
+from toolkit.early_stop import check_patience, early_stop, nothing_to_do
 from toolkit.errors import DiskFull, UserError, is_disk_full, run_cli
-from hparams import MODEL_FLAGS, Hparams, check_ranges, parse_flags, type_error
-from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, check_trained, checkpoint_state, find_checkpoint,
-                    is_averaged, load_trained_hparams, logdir_lock, read_best, record_dev_bleu,
-                    remove_partial_checkpoints, restore, restore_weights, save_hparams, save_variable_specs,
-                    trained_data_dir)
-from model import ModelConfig, build_transformer
+from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, load_trained_hparams, logdir_lock,
+                            read_best, record_dev_bleu, remove_partial_checkpoints, save_hparams,
+                            save_variable_specs, trained_data_dir)
 from toolkit.outputs import atomic_write, check_writable_dir
-from toolkit.textfiles import read_json, read_lines
+from toolkit.stop_request import StopNow, StopRequest
+from toolkit.textfiles import read_lines
+from toolkit.train_checkpoints import disk_full, last_good_checkpoint, restore_or_init, save
+from toolkit.train_flags import check_init_vocab, config_flags, init_model_flags, init_source
 from utils import Progress, calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
@@ -77,132 +78,8 @@ def resolve_hparams(argv):
     if source:
         check_init_vocab(hp, source)
     runtime.resolve_precision(hp)
-    kernels.resolve_kernels(hp)
+    resolve_kernels(hp)
     return hp, manifest
-
-
-#: Keys of a hparams.json that --config passes over: the data dir's fingerprint (train.py records the data dir's
-#: own), the run's logdir (a new run's comes from the command line) and the file that run itself was given.
-CONFIG_SKIPPED = ("vocab_size", "vocab_sha256", "bpe_sha256", "logdir", "config")
-
-
-def config_flags(fpath):
-    """The flags of --config FILE: another run's hparams.json, or a JSON object of flag values, without
-    CONFIG_SKIPPED; each value's type checked. A key that is no flag of train.py is a UserError naming it."""
-    if not os.path.isfile(fpath):
-        raise UserError("--config %s not found: pass a JSON file of flag values, e.g. a run's hparams.json" % fpath)
-    values = read_json(fpath, "fix it, or pass another --config")
-    if not isinstance(values, dict):
-        raise UserError("--config %s is not a JSON object of flag values ({\"flag\": value, ...})" % fpath)
-    flags = {action.dest for action in Hparams().parser._actions if action.dest != "help"}
-    for key in values:
-        if key not in flags and key not in CONFIG_SKIPPED:
-            raise UserError("--config %s: unknown key \"%s\", not a flag of train.py: remove it (train.py --help "
-                            "lists the flags)" % (fpath, key))
-    problem = type_error(values, fpath)
-    if problem:
-        raise UserError(problem)
-    return {key: value for key, value in values.items() if key not in CONFIG_SKIPPED}
-
-
-def init_source(path):
-    """(hyperparameters, checkpoint) of --init_from PATH: a logdir and its latest checkpoint, or a checkpoint (best:
-    the best by dev BLEU) and the logdir it is in."""
-    logdir = path if os.path.isdir(path) else os.path.dirname(path) or "."
-    if not os.path.exists(os.path.join(logdir, HPARAMS_NAME)):
-        raise UserError("--init_from %s is neither a logdir written by train.py nor a checkpoint in one (no %s in %s)"
-                        % (path, HPARAMS_NAME, logdir))
-    source = load_trained_hparams(logdir, {})
-    ckpt = find_checkpoint(logdir, "" if os.path.isdir(path) else path)
-    check_trained(ckpt, logdir)
-    return source, ckpt
-
-
-def init_model_flags(given, source):
-    """The model-shape flags (hparams.MODEL_FLAGS but the vocabulary's size, which comes from the data dir) of the
-    --init_from run `source`; a flag given with another value is a UserError naming it."""
-    shape = {flag: getattr(source, flag) for flag in MODEL_FLAGS if flag != "vocab_size"}
-    for flag, value in shape.items():
-        if flag in given and given[flag] != value:
-            raise UserError("--init_from %s holds a model with --%s %s but this run asks for %s: leave --%s out (it "
-                            "defaults to that model's) or train without --init_from"
-                            % (given["init_from"], flag, value, given[flag], flag))
-    return shape
-
-
-def check_init_vocab(hp, source):
-    """The data dir (its fingerprint recorded in hp) must have the vocabulary that the --init_from run `source` was
-    trained with, where its hparams.json records it."""
-    for key, what in (("vocab_size", "vocabulary size"), ("vocab_sha256", "BPE vocabulary (bpe.vocab)"),
-                      ("bpe_sha256", "sentencepiece model (bpe.model)")):
-        theirs, ours = getattr(source, key, None), getattr(hp, key)
-        if theirs is not None and theirs != ours:
-            raise UserError("--init_from %s was trained with another %s than --data_dir %s has (%s there, %s here): "
-                            "build the data dir with `python prepro.py --bpe_model %s ...` to use that model's "
-                            "vocabulary" % (hp.init_from, what, hp.data_dir, str(theirs)[:12], str(ours)[:12],
-                                            os.path.join(source.data_dir, BPE_MODEL)))
-
-
-def check_patience(hp):
-    """--patience counts dev evaluations of the one process that makes them."""
-    if hp.patience and not hp.eval_every:
-        raise UserError("--patience %d counts dev evaluations, which --eval_every 0 leaves to the end: pass "
-                        "--eval_every 1 or more" % hp.patience)
-    if hp.patience and hp.distribute == "multiworker":
-        raise UserError("--patience needs a run in one process: it is not supported with --distribute multiworker")
-
-
-def early_stop(hp, best):
-    """Why --patience ends training (a phrase) given best.json's dict (logdir.read_best), or None."""
-    if not (hp.patience and best and best["evals_without_gain"] >= hp.patience):
-        return None
-    return ("--patience %d: %d dev evaluations in a row without a better BLEU than %.2f, that of %s"
-            % (hp.patience, best["evals_without_gain"], best["bleu"], best["checkpoint"]))
-
-
-class StopRequest:
-    """While in its `with` block, turns SIGINT and SIGTERM into a request to stop, acknowledged at once with one line
-    on stderr that says what is being finished: the training loop checks it after each step, a save is finished, and
-    a phase run `with stop.phase(what, abandon=True)` (the dev decode) is abandoned at once (StopNow). The previous
-    handlers come back afterwards."""
-
-    def __enter__(self):
-        self.signal, self.signum, self._doing = None, None, ("finishing the current step", False)
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc_info):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    @contextlib.contextmanager
-    def phase(self, doing, abandon=False):
-        """Within the block, a stop request says `doing` ("finishing the checkpoint being saved") and, with
-        abandon, raises StopNow where the block is."""
-        previous, self._doing = self._doing, (doing, abandon)
-        try:
-            if abandon and self.signal:
-                raise StopNow()
-            yield
-        finally:
-            self._doing = previous
-
-    def exit_code(self):
-        """128 + the number of the signal received (130 for SIGINT, 143 for SIGTERM), 0 without one."""
-        return 128 + self.signum if self.signum else 0
-
-    def _handle(self, signum, frame):
-        doing, abandon = self._doing
-        if self.signal is None:
-            os.write(sys.stderr.fileno(), ("%s: %s, then stopping\n" % (signal.Signals(signum).name, doing)).encode())
-        self.signal, self.signum = signal.Signals(signum).name, signum
-        if abandon:
-            raise StopNow()
-
-
-class StopNow(KeyboardInterrupt):
-    """A stop request that abandons the phase it came in (see StopRequest.phase); a KeyboardInterrupt, so that no
-    `except Exception` takes it for the phase's failure."""
 
 
 @dataclasses.dataclass
@@ -277,28 +154,6 @@ def build_graph(hp, manifest, cluster):
         init=tf1.global_variables_initializer())
 
 
-def restore_or_init(sess, g, logdir, init_from=""):
-    """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir has none,
-    initializes the variables (returns None). Averaged checkpoints (avg_*, see avg_checkpoints.py) are passed over:
-    training goes on from where it stopped, and the Saver never rotates them away. A newest checkpoint that is
-    missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint.
-    Initialized, the weights come from the checkpoint of init_from (--init_from) if given."""
-    state = checkpoint_state(logdir)
-    trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
-    ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
-    distributed.agree_on_checkpoint(sess, g.step, ckpt)
-    if ckpt is None:
-        sess.run(g.init)
-        if init_from:
-            _, source = init_source(init_from)
-            restore_weights(sess, source, "--init_from %s (%s)" % (init_from, source))
-            print("weights from %s; optimizer and learning-rate schedule start afresh at step 0" % source)
-        return None
-    restore(sess, ckpt, logdir, g.saver)
-    g.saver.recover_last_checkpoints(trained)
-    return ckpt
-
-
 def check_splits(g, hp):
     """Refuses a training set that the length limits left empty (saying how many pairs they removed) and an empty
     dev set (whose BLEU means nothing), before anything is written to the logdir."""
@@ -337,21 +192,6 @@ def evaluate_or_save(sess, g, hp, sp, references, writer, step, epoch, epoch_ste
         print("the dev evaluation failed; saved the weights of step %d as %s first"
               % (step, save(sess, g, hp, epoch, epoch_step, name)), file=sys.stderr, flush=True)
         raise
-
-
-def save(sess, g, hp, epoch, epoch_step, name):
-    """Saves weights, optimizer state and [epoch, epoch_step] as logdir/name-STEP. Returns the path.
-    A full disk is a DiskFull, with every file of the half-written checkpoint removed."""
-    sess.run(g.save_state, {g.new_state: [epoch, epoch_step]})
-    try:
-        return g.saver.save(sess, os.path.join(hp.logdir, name), global_step=g.step.global_step,
-                               write_meta_graph=False)
-    except (tf.errors.OpError, OSError) as error:
-        if not (is_disk_full(error) or isinstance(error, tf.errors.ResourceExhaustedError)):
-            raise
-        prefix = "%s-%d" % (os.path.join(hp.logdir, name), sess.run(g.step.global_step))
-        remove_partial_checkpoints(hp.logdir, prefix)
-        raise DiskFull("the checkpoint %s" % os.path.basename(prefix), prefix) from None
 
 
 def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget):
@@ -399,37 +239,8 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
     return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time() - start), step
 
 
-def nothing_to_do(hp, budget, step, epoch):
-    """The line a resumed run prints when its logdir has already trained to the end of its budget or stopped early
-    (--patience), naming that end and how to train longer; None when there is training left."""
-    stopped = early_stop(hp, read_best(hp.logdir))
-    if stopped:
-        return "nothing to do: %s stopped early, %s; to train longer, resume with a higher --patience" % (
-            hp.logdir, stopped)
-    if budget.decaying and budget.total and step >= budget.total:
-        end = "its --lr_schedule %s decayed to 0 at step %d" % (hp.lr_schedule, budget.total)
-    elif hp.max_steps and step >= hp.max_steps:
-        end = "--max_steps %d (given, or saved in its hparams.json)" % hp.max_steps
-    elif epoch >= hp.num_epochs:
-        end = "--num_epochs %d (given, or saved in its hparams.json)" % hp.num_epochs
-    else:
-        return None
-    longer = ("start a new --logdir, or resume with --lr_schedule noam (which has no end) and a higher --max_steps "
-              "or --num_epochs" if budget.decaying else "resume with a higher --max_steps or --num_epochs")
-    return "nothing to do: %s is at step %d (%d epochs done), where %s ends training; to train longer, %s" % (
-        hp.logdir, step, epoch, end, longer)
-
-
-def last_good_checkpoint(g):
-    """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or None."""
-    existing = [path for path in g.saver.last_checkpoints if tf1.train.checkpoint_exists(path)]
-    return existing[-1] if existing else None
-
-
 def main(argv=None):
-    tf1.disable_eager_execution()
-    tf1.reset_default_graph()  # main() may run more than once in a process (tests)
-    tf.get_logger().setLevel("ERROR")
+    runtime.start_graph_mode()
     logdir, chief = Hparams(prog="train.py").parser.parse_args(argv).logdir, distributed.is_chief_task()
     check_writable_dir(logdir, "logdir")
     with contextlib.ExitStack() as lock:
@@ -492,15 +303,6 @@ def train(hp, manifest, cluster):
         events.writer.close()
     print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
     return 0
-
-
-def disk_full(error, g, hp, events):
-    """The UserError for a full disk (error, a DiskFull) once what was half-written is gone: a torn summary record
-    and the files of a checkpoint being written; the last good checkpoint stays."""
-    events.cut_off()
-    remove_partial_checkpoints(hp.logdir)
-    return UserError("%s; removed what was half-written, the last good checkpoint %s is untouched: free some space "
-                     "and run the same command to resume" % (error, last_good_checkpoint(g) or "(none yet)"))
 
 
 def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt):

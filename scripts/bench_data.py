@@ -158,7 +158,7 @@ def main(argv=None):
     parser.add_argument("--pipeline_batches", type=int, default=300, help="batches timed from the pipeline alone")
     parser.add_argument("--reuse", action="store_true", help="skip prepro.py on a data dir that is complete")
     args, train_flags = parser.parse_known_args(argv)
-    tf1.disable_eager_execution()
+    runtime.start_graph_mode()
     workdir = Path(args.workdir)
     result = {"pairs": args.pairs}
     paths = make_corpus(args.multi30k, workdir / ("corpus-%d" % args.pairs), args.pairs, args.eval_lines)

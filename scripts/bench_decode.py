@@ -45,10 +45,10 @@ import tensorflow as tf  # noqa: E402
 from toolkit import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, Sources, load_side, pad  # noqa: E402
-from toolkit.datadir import bpe_model_path, check_vocab, load_manifest  # noqa: E402
+from toolkit.datadir import bpe_model_path, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from toolkit.logdir import find_checkpoint, load_trained_hparams, restore, trained_data_dir  # noqa: E402
+from toolkit.trained_model import TrainedModel, trained_hparams  # noqa: E402
 from model import ModelConfig, Transformer, build_transformer  # noqa: E402
 from toolkit.errors import run_cli  # noqa: E402
 
@@ -79,17 +79,16 @@ def parse_args(argv):
 
 
 def model_hparams(args):
-    """The model's hyperparameters: from --logdir, or the benchmark size with the data dir's vocabulary."""
+    """The model's hyperparameters, and the trained model of --logdir (None without it: the benchmark's size, the
+    data dir's vocabulary and random weights)."""
     if args.logdir:
-        hp = load_trained_hparams(args.logdir, {"data_dir": args.data_dir, "threads": args.threads})
-        runtime.resolve_precision(hp)
-        check_vocab(hp, load_manifest(hp.data_dir), trained_data_dir(args.logdir))
-        return hp
+        hp = trained_hparams(args.logdir, {"data_dir": args.data_dir, "threads": args.threads})
+        return hp, TrainedModel(hp, hp.ckpt)
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),
                                                     "--max_len_a", "0", "--max_len_b", str(args.max_steps)])
     hp.vocab_size = load_manifest(args.data_dir)["vocab_size"]
     runtime.resolve_precision(hp)
-    return hp
+    return hp, None
 
 
 def load_batches(data_dir, num_sentences, batch_size):
@@ -189,9 +188,8 @@ def profile_decoder(sess, ids_op, feed, runs):
 
 def main(argv=None):
     args = parse_args(argv)
-    tf1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
-    hp = model_hparams(args)
+    runtime.start_graph_mode()
+    hp, trained = model_hparams(args)
     config = runtime.session_config(hp)
     matmul = matmul_gflops(config)
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
@@ -209,10 +207,9 @@ def main(argv=None):
         reference = Transformer(dataclasses.replace(ModelConfig.from_flags(hp), impl="reference", precision="fp32"))
         ops["reference_greedy"] = translate(reference, xs, greedy)[0]
     bpe_model = bpe_model_path(hp.data_dir, load_manifest(hp.data_dir))
-    with tf1.Session(config=config) as sess, tempfile.TemporaryDirectory() as tmp:
-        if args.logdir:
-            restore(sess, find_checkpoint(hp.logdir, hp.ckpt), hp.logdir)
-        else:
+    with trained.session() if trained else tf1.Session(config=config) as sess, \
+            tempfile.TemporaryDirectory() as tmp:
+        if not trained:
             sess.run(tf1.global_variables_initializer())
         decoders = {name: tensorflow_decoder(sess, op, x, x_seqlen) for name, op in ops.items()}
         start = time.perf_counter()

@@ -36,7 +36,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6, help="train/dev switches to time")
     args, argv = parser.parse_known_args(argv)  # the rest: train.py's flags
-    tf1.disable_eager_execution()
+    runtime.start_graph_mode()
     with tempfile.TemporaryDirectory() as logdir:
         hp, manifest = train.resolve_hparams(argv + ["--logdir", logdir])
         cluster = distributed.make_cluster(hp, runtime.session_config(hp))

@@ -135,17 +135,13 @@ def load_level(server, target, sentences, clients, seconds):
 
 def translate_py_speed(decoding_flags, sentences):
     """translate.py's sentences/s over sentences: its translate_all, timed without loading the model."""
-    import sentencepiece as spm
-    import tensorflow as tf
     import translate
-    from toolkit.datadir import bpe_model_path
-    from toolkit.logdir import trained_model_files
-    tf.compat.v1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
+    from toolkit.trained_model import TrainedModel
+    from toolkit.translator import Translator
+    runtime.start_graph_mode()
     hp, args = translate.parse_args(decoding_flags)
-    manifest, ckpt = trained_model_files(hp, hp.ckpt)
-    sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
-    translator = translate.Translator(hp, ckpt, 1, False)
+    trained = TrainedModel(hp, hp.ckpt)
+    sp, translator = trained.sentencepiece(), Translator(trained)
     for lines in (sentences[:WARM_UP], sentences[:2 * WARM_UP]):  # the first runs of new shapes are slow
         translate.translate_all(translator, lines, sp, hp.maxlen1 - 1, args, None, io.StringIO(), "line")
     start = time.monotonic()

@@ -39,11 +39,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from toolkit import distributed  # noqa: E402
-from fast import kernels  # noqa: E402
 from toolkit.errors import UserError, run_cli  # noqa: E402
 from data_load import epoch_pairs, input_fn  # noqa: E402
 from toolkit.datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
+from model import resolve_kernels  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
 
@@ -115,7 +115,7 @@ def resolve_hparams(train_flags):
     manifest = load_manifest(hp.data_dir)
     hp.vocab_size = manifest["vocab_size"]
     runtime.resolve_precision(hp)
-    kernels.resolve_kernels(hp)
+    resolve_kernels(hp)
     return hp, manifest
 
 
@@ -232,8 +232,7 @@ def main(argv=None):
                             "TensorFlow is imported once for all")
     args, rest = bench.parse_known_args(argv)
     hp, manifest = resolve_hparams(rest)
-    tf1.disable_eager_execution()
-    tf.get_logger().setLevel("ERROR")
+    runtime.start_graph_mode()
     if args.flags_from_stdin:
         measure_each_from_stdin(rest, args)
     else:

@@ -17,6 +17,8 @@ from libretranslatepy import LibreTranslateAPI
 
 import serve
 import translate
+from toolkit import documents, sentences
+from toolkit.batcher import Batcher
 from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
 
@@ -96,7 +98,7 @@ def test_alternatives_and_the_page_s_nbest_are_translate_py_s(server, nbest):
 
 def test_attention_has_a_row_per_target_piece_summing_to_one(server, tiny_model):
     sp = spm.SentencePieceProcessor(model_file=os.path.join(tiny_model[1], "bpe.model"))
-    parts, _ = translate.prepare(LONG, sp, TINY_MODEL_MAXLEN1 - 1)
+    parts, _ = sentences.prepare(LONG, sp, TINY_MODEL_MAXLEN1 - 1)
     status, answer = post(server, "translate", {"q": LONG, "source": "de", "target": "en", "attention": True})
     assert status == 200 and len(parts) > 1
     assert [entry["source"] for entry in answer["attention"]] == [
@@ -203,10 +205,10 @@ def test_help_explains_every_flag_and_a_bad_logdir_is_one_line(tmp_path, capsys)
 
 # ---------------------------------------------------------------- pieces alone
 def test_html_runs_are_split_with_entities_decoded_and_rendered_escaped():
-    document = serve.Document('<p a="1&amp;2"> x &amp; y<br>z </p><script>if (a < b) go();</script>', "html")
+    document = documents.Document('<p a="1&amp;2"> x &amp; y<br>z </p><script>if (a < b) go();</script>', "html")
     assert document.segments == ["x & y", "z"]
     assert document.render(["a < b", "c"]) == '<p a="1&amp;2"> a &lt; b<br>c </p><script>if (a < b) go();</script>'
-    document = serve.Document("eins\n\nzwei", "text")
+    document = documents.Document("eins\n\nzwei", "text")
     assert document.segments == ["eins", "", "zwei"] and document.render(["one", "", "two"]) == "one\n\ntwo"
 
 
@@ -226,7 +228,7 @@ class FakeTranslator:
 
 def test_the_batcher_runs_jobs_arriving_together_at_once_sorted_and_answers_each_its_own():
     translator = FakeTranslator()
-    batcher = serve.Batcher(translator, batch_size=8, wait=1.0, queue_size=4, timeout=9)
+    batcher = Batcher(translator, batch_size=8, wait=1.0, queue_size=4, timeout=9)
     futures = [batcher.submit([[1] * 3, [1] * 1], False), batcher.submit([[1] * 2], True),
                batcher.submit([[1] * 5, [1] * 4], False)]
     assert [future.result(10) for future in futures] == [[3, 1], [2], [5, 4]]
@@ -236,7 +238,7 @@ def test_the_batcher_runs_jobs_arriving_together_at_once_sorted_and_answers_each
 
 def test_the_batcher_refuses_past_its_queue_and_drops_a_request_past_its_timeout():
     slow = FakeTranslator(delay=1.0)
-    batcher = serve.Batcher(slow, batch_size=8, wait=0, queue_size=2, timeout=0.3)
+    batcher = Batcher(slow, batch_size=8, wait=0, queue_size=2, timeout=0.3)
 
     async def three_requests():
         return await asyncio.gather(*(batcher.translate([[1] * length], False) for length in (1, 2, 3)),

@@ -11,6 +11,7 @@ import sentencepiece as spm
 
 import prepro
 import translate
+from toolkit import sentences
 from toolkit.errors import UserError
 from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
@@ -128,15 +129,15 @@ def test_parse_args_splits_sentences_from_flags(model):
 
 
 def test_split_pieces_prefers_sentence_ends_then_commas_then_words():
-    assert translate.split_pieces(["▁a", ".", "▁b", ",", "▁c", "d"], 4) == (
+    assert sentences.split_pieces(["▁a", ".", "▁b", ",", "▁c", "d"], 4) == (
         [["▁a", "."], ["▁b", ",", "▁c", "d"]], ["after sentence punctuation"])
-    assert translate.split_pieces(["▁a", ",", "▁b", "▁c", "d"], 4) == (
+    assert sentences.split_pieces(["▁a", ",", "▁b", "▁c", "d"], 4) == (
         [["▁a", ","], ["▁b", "▁c", "d"]], ["after , ; or :"])
-    assert translate.split_pieces(["▁ab", "c", "▁d", "e", "f"], 3) == ([["▁ab", "c"], ["▁d", "e", "f"]],
+    assert sentences.split_pieces(["▁ab", "c", "▁d", "e", "f"], 3) == ([["▁ab", "c"], ["▁d", "e", "f"]],
                                                                        ["between words"])
-    assert translate.split_pieces(["▁a", "b", "c", "d", "e"], 2) == (
+    assert sentences.split_pieces(["▁a", "b", "c", "d", "e"], 2) == (
         [["▁a", "b"], ["c", "d"], ["e"]], ["inside a word", "inside a word"])
-    assert translate.split_pieces(["▁a", "b"], 2) == ([["▁a", "b"]], [])
+    assert sentences.split_pieces(["▁a", "b"], 2) == ([["▁a", "b"]], [])
 
 
 def test_errors_are_one_line_without_traceback(model, tmp_path, capsys):

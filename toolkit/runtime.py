@@ -281,3 +281,14 @@ def release_library_pages():
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     advised = sum(end - start for start, end in ranges if madvise(start, end - start, MADV_PAGEOUT) == 0)
     return advised >> 20
+
+
+def start_graph_mode():
+    """The start of every tool's main that builds a TensorFlow graph: TF1 graph mode (the toolkit's graphs are
+    tf.compat.v1's), a new empty default graph (a main may run more than once in a process, as the tests run it),
+    and TensorFlow's Python logger at ERROR. TensorFlow's environment defaults were set when this module was
+    imported, before TensorFlow."""
+    import tensorflow as tf  # here: this module is imported before TensorFlow
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.reset_default_graph()
+    tf.get_logger().setLevel("ERROR")

@@ -3,7 +3,6 @@ compression are fine; invalid UTF-8 is a line naming where), JSON, and the clean
 import gzip
 import io
 import json
-import os
 import unicodedata
 import zlib
 

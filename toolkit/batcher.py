@@ -1,0 +1,110 @@
+"""The worker thread of serve.py that runs the model: the sentences of the requests that arrive close together
+are translated together, in batches sorted by length; a full queue or a request past its time is refused."""
+import asyncio
+import concurrent.futures
+import functools
+import queue
+import threading
+import time
+
+from data_load import run_in_length_batches
+
+
+class ApiError(Exception):
+    """A request the server refuses: its HTTP status and the message of {"error": ...}."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class Job:
+    """The model inputs of one request, whether it wants their attention, and the future of their results."""
+
+    def __init__(self, sources, attention):
+        self.sources, self.attention = sources, attention
+        self.future = concurrent.futures.Future()
+
+
+class Batcher:
+    """A worker thread that runs the model on the sentences of every request: it takes the first waiting job and
+    those that arrive within `wait` seconds, up to batch_size sentences, and runs them together in batches sorted
+    by length (those that want attention apart, with the translator's attention pass). At most queue_size requests
+    wait at once; each waits at most `timeout` seconds."""
+
+    def __init__(self, translator, batch_size, wait, queue_size, timeout):
+        self.translator, self.batch_size, self.wait = translator, batch_size, wait
+        self.queue_size, self.timeout = queue_size, timeout
+        self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
+        self.jobs = queue.Queue()
+        self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
+        self.thread.start()
+
+    async def translate(self, sources, attention):
+        """The translator's results of sources, through the worker's queue (429 when it is full, 504 past
+        --timeout)."""
+        if not sources:
+            return []
+        if self.pending >= self.queue_size:
+            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again shortly" % self.pending)
+        self.pending += 1
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)), self.timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: send fewer "
+                                "sentences or try again later" % self.timeout) from None
+        finally:
+            self.pending -= 1
+
+    def submit(self, sources, attention):
+        """Queues one request's model inputs; returns the concurrent future of their translator results."""
+        job = Job(sources, attention)
+        self.jobs.put(job)
+        return job.future
+
+    def stop(self):
+        """Ends the worker once the jobs queued before are done."""
+        self.jobs.put(None)
+        self.thread.join()
+
+    def work(self):
+        stopping = False
+        while not stopping:
+            jobs, stopping = self.collect(self.jobs.get())
+            self.run_jobs([job for job in jobs if job.future.set_running_or_notify_cancel()])  # not those timed out
+
+    def collect(self, job):
+        """The jobs to run together, from job (None: stop) on; and whether stop was asked."""
+        jobs, deadline = [], time.monotonic() + self.wait
+        while job is not None:
+            jobs.append(job)
+            remaining = deadline - time.monotonic()
+            if sum(len(job.sources) for job in jobs) >= self.batch_size or remaining <= 0:
+                return jobs, False
+            try:
+                job = self.jobs.get(timeout=remaining)
+            except queue.Empty:
+                return jobs, False
+        return jobs, True
+
+    def run_jobs(self, jobs):
+        for attention in (False, True):
+            group = [job for job in jobs if job.attention == attention]
+            if group:
+                self.run_group(group, attention)
+
+    def run_group(self, jobs, attention):
+        """Runs the jobs' sources at once (with the attention pass when attention) and hands each job its results
+        (or the error)."""
+        try:
+            results = run_in_length_batches(functools.partial(self.translator.run, with_attention=attention),
+                                            [source for job in jobs for source in job.sources],
+                                            self.translator.batch_size)
+        except Exception as error:  # noqa: BLE001 (each request answers 500 with it)
+            for job in jobs:
+                job.future.set_exception(error)
+            return
+        start = 0
+        for job in jobs:
+            job.future.set_result(results[start:start + len(job.sources)])
+            start += len(job.sources)
