@@ -1,20 +1,22 @@
-"""Averages the weights of the last N checkpoints of a logdir into a new checkpoint in the same logdir.
+"""Averages the weights of the last N checkpoints of a logdir into a new checkpoint in the same
+logdir.
 
     python avg_checkpoints.py --logdir runs/multi30k --last 5 [--output avg_last5]
 
-Writes LOGDIR/OUTPUT-STEP (OUTPUT defaults to avg_lastN, STEP is the newest checkpoint's global step) and
-makes it the latest checkpoint of the logdir, so that `test.py --logdir LOGDIR` and translate.py use it by
-default; `--ckpt LOGDIR/OUTPUT-STEP` names it explicitly.
+Writes LOGDIR/OUTPUT-STEP (OUTPUT defaults to avg_lastN, STEP is the newest checkpoint's global
+step) and makes it the latest checkpoint of the logdir, so that `test.py --logdir LOGDIR` and
+translate.py use it by default; `--ckpt LOGDIR/OUTPUT-STEP` names it explicitly.
 
 What the averaged checkpoint holds:
     model weights (every float variable but Adam's)       the mean over the N checkpoints
     Adam's moments (NAME/Adam, NAME/Adam_1), beta1_power,  copied from the newest checkpoint
     beta2_power, global_step, training_state
-It is the newest checkpoint with its weights replaced by their mean: step, optimizer state and position in the
-data stay consistent with one another, so it restores wherever a checkpoint of train.py does.
+It is the newest checkpoint with its weights replaced by their mean: step, optimizer state and
+position in the data stay consistent with one another, so it restores wherever a checkpoint of
+train.py does.
 
-The last N are counted among train.py's checkpoints only: averaged checkpoints (names starting with avg_) are
-never averaged again. They are for testing and translating, not for resuming training.
+The last N are counted among train.py's checkpoints only: averaged checkpoints (names starting with
+avg_) are never averaged again. They are for testing and translating, not for resuming training.
 """
 import contextlib
 import os
@@ -25,7 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit.errors import DiskFull, OneLineParser, UserError, run_cli, writing
-from toolkit.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams, logdir_lock,
+from toolkit.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams,
+                            logdir_lock,
                     remove_partial_checkpoints)
 from toolkit.outputs import check_writable_dir
 
@@ -37,79 +40,98 @@ ADAM_POWERS = ("beta1_power", "beta2_power")
 
 
 def is_weight(name, dtype):
-    """Whether the checkpoint variable name (of tf.DType dtype) is a model weight, i.e. float and not Adam's."""
+    """Whether the checkpoint variable name (of tf.DType dtype) is a model weight, i.e. float and
+    not Adam's."""
     return dtype.is_floating and not name.endswith(ADAM_SLOT_SUFFIXES) and name not in ADAM_POWERS
 
 
 def parse_args(argv):
     """The command-line flags; a bad --last or --output is a UserError."""
-    parser = OneLineParser(prog="avg_checkpoints.py", description="Average the weights of the last N checkpoints "
-                                                                  "of a logdir into a new checkpoint there, which "
+    parser = OneLineParser(prog="avg_checkpoints.py", description="Average the weights of the last "
+                           "N checkpoints "
+                                                                  "of a logdir into a new "
+                           "checkpoint there, which "
                                                                   "becomes the latest.")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
-    parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
-    parser.add_argument("--output", help="name of the new checkpoint, saved as LOGDIR/OUTPUT-STEP; must start "
-                                         "with %s (default %slastN)" % (AVERAGED_PREFIX, AVERAGED_PREFIX))
+    parser.add_argument("--last", type=int, required=True, help="how many of the newest "
+                        "checkpoints to average")
+    parser.add_argument("--output", help="name of the new checkpoint, saved as LOGDIR/OUTPUT-STEP; "
+                        "must start "
+                                         "with %s (default %slastN)"
+                        % (AVERAGED_PREFIX, AVERAGED_PREFIX))
     args = parser.parse_args(argv)
     if args.last < 1:
         raise UserError("--last must be at least 1, not %d" % args.last)
     args.output = args.output or "%slast%d" % (AVERAGED_PREFIX, args.last)
     if not args.output.startswith(AVERAGED_PREFIX) or os.sep in args.output:
-        raise UserError("--output %s must be a file name starting with %s, so that later averages and training "
-                        "runs can tell it from train.py's checkpoints" % (args.output, AVERAGED_PREFIX))
+        raise UserError("--output %s must be a file name starting with %s, so that later averages "
+                        "and training runs can tell it from train.py's checkpoints"
+                        % (args.output, AVERAGED_PREFIX))
     return args
 
 
 def select_checkpoints(logdir, last):
-    """The last `last` checkpoints train.py wrote in logdir, oldest first, as listed in its checkpoint state."""
+    """The last `last` checkpoints train.py wrote in logdir, oldest first, as listed in its
+    checkpoint state."""
     if not os.path.isdir(logdir):
         raise UserError("--logdir %s %s: pass a logdir written by train.py"
                         % (logdir, "is a file" if os.path.exists(logdir) else "not found"))
     load_trained_hparams(logdir, {})  # refuses a directory that train.py did not write
-    check_writable_dir(logdir, "logdir")  # before the averaging, which a read-only logdir would waste
+    # before the averaging, which a read-only logdir would waste
+    check_writable_dir(logdir, "logdir")
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     if len(trained) < last:
         raise UserError("%s lists %d checkpoints written by train.py (%s), fewer than --last %d"
-                        % (logdir, len(trained), ", ".join(map(os.path.basename, trained)) or "none", last))
+                        % (logdir, len(trained), ", ".join(map(os.path.basename, trained))
+                           or "none", last))
     return trained[-last:]
 
 
 def open_checkpoint(ckpt):
-    """A reader of ckpt and its variables {name: (shape tuple, tf.DType)}; an unreadable one is a UserError."""
+    """A reader of ckpt and its variables {name: (shape tuple, tf.DType)}; an unreadable one is a
+    UserError."""
     try:
         reader = tf.train.load_checkpoint(ckpt)
     except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as error:
-        raise UserError("cannot read checkpoint %s (%s)" % (ckpt, str(error).strip().splitlines()[0][:200])) from None
+        raise UserError("cannot read checkpoint %s (%s)"
+                        % (ckpt, str(error).strip().splitlines()[0][:200])) from None
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     return reader, {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
 
 
 def check_same_variables(expected, found, expected_ckpt, found_ckpt):
-    """expected, found: {name: (shape, dtype)} of two checkpoints. Different names or shapes are a UserError."""
+    """expected, found: {name: (shape, dtype)} of two checkpoints. Different names or shapes are a
+    UserError."""
     differences = sorted(set(expected) ^ set(found)) + sorted(
         name for name in set(expected) & set(found) if expected[name] != found[name])
     if differences:
-        raise UserError("%s and %s hold different variables (%d differ, e.g. %s): average checkpoints of one model"
+        raise UserError("%s and %s hold different variables (%d differ, e.g. %s): average "
+                        "checkpoints of one model"
                         % (found_ckpt, expected_ckpt, len(differences), ", ".join(differences[:3])))
 
 
 @contextlib.contextmanager
 def reading(ckpt):
-    """A checkpoint whose tensors can not be read (a .data file cut short, damaged) is a UserError naming it."""
+    """A checkpoint whose tensors can not be read (a .data file cut short, damaged) is a UserError
+    naming it."""
     try:
         yield
-    except Exception as error:  # noqa: BLE001 (the reader raises OpError, IndexError, ... depending on the damage)
-        raise UserError("cannot read checkpoint %s (%s): it is damaged; average other checkpoints (a smaller --last) "
-                        "or delete it" % (ckpt, (str(error).strip().splitlines() or [type(error).__name__])[0][:200])) \
+    # the reader raises OpError, IndexError, ... depending on the damage
+    except Exception as error:  # noqa: BLE001
+        raise UserError("cannot read checkpoint %s (%s): it is damaged; average other checkpoints "
+                        "(a smaller --last) or delete it"
+                        % (ckpt,
+                           (str(error).strip().splitlines() or [type(error).__name__])[0][:200])) \
             from None
 
 
 def average(checkpoints):
-    """checkpoints: paths, oldest first. Returns {name: numpy value}: model weights averaged over all of them
-    (summed in float64), every other variable taken from the newest."""
+    """checkpoints: paths, oldest first. Returns {name: numpy value}: model weights averaged over
+    all of them (summed in float64), every other variable taken from the newest."""
     newest, variables = open_checkpoint(checkpoints[-1])
-    sums = {name: np.zeros(shape, np.float64) for name, (shape, dtype) in variables.items() if is_weight(name, dtype)}
+    sums = {name: np.zeros(shape, np.float64) for name, (shape, dtype) in variables.items()
+            if is_weight(name, dtype)}
     for ckpt in checkpoints:
         reader, found = open_checkpoint(ckpt)
         check_same_variables(variables, found, checkpoints[-1], ckpt)
@@ -124,7 +146,8 @@ def average(checkpoints):
 
 
 def write_checkpoint(values, prefix, step):
-    """Saves values {name: numpy value} as the checkpoint prefix-step (no .meta, no checkpoint state).
+    """Saves values {name: numpy value} as the checkpoint prefix-step (no .meta, no checkpoint
+    state).
     Returns its path."""
     with tf.Graph().as_default():
         variables, feeds = {}, {}
@@ -135,16 +158,18 @@ def write_checkpoint(values, prefix, step):
         saver = tf1.train.Saver(variables)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer(), feeds)
-            return saver.save(sess, prefix, global_step=step, write_meta_graph=False, write_state=False)
+            return saver.save(sess, prefix, global_step=step, write_meta_graph=False,
+                              write_state=False)
 
 
 def make_latest(logdir, ckpt):
-    """Appends ckpt to logdir's checkpoint state as its latest checkpoint, keeping the others listed.
-    Paths are written relative to logdir, as train.py writes them."""
+    """Appends ckpt to logdir's checkpoint state as its latest checkpoint, keeping the others
+    listed. Paths are written relative to logdir, as train.py writes them."""
     state = checkpoint_state(logdir)
     listed = [os.path.relpath(p, logdir) for p in state.all_model_checkpoint_paths] if state else []
     name = os.path.relpath(ckpt, logdir)
-    tf1.train.update_checkpoint_state(os.path.abspath(logdir), name, [p for p in listed if p != name] + [name])
+    tf1.train.update_checkpoint_state(os.path.abspath(logdir), name,
+                                      [p for p in listed if p != name] + [name])
 
 
 def main(argv=None):
@@ -154,12 +179,14 @@ def main(argv=None):
     values = average(checkpoints)
     if "global_step" not in values:
         raise UserError("%s has no global_step: is it a checkpoint of train.py?" % checkpoints[-1])
-    with logdir_lock(args.logdir, "avg_checkpoints.py"):  # train.py's Saver writes the same checkpoint index
+    # train.py's Saver writes the same checkpoint index
+    with logdir_lock(args.logdir, "avg_checkpoints.py"):
         remove_partial_checkpoints(args.logdir)  # what a killed save left (*.tempstate*)
         prefix = "%s-%d" % (os.path.join(args.logdir, args.output), values["global_step"])
         try:
             with writing(prefix, "the checkpoint %s" % os.path.basename(prefix)):
-                ckpt = write_checkpoint(values, os.path.join(args.logdir, args.output), int(values["global_step"]))
+                ckpt = write_checkpoint(values, os.path.join(args.logdir, args.output),
+                                        int(values["global_step"]))
                 make_latest(args.logdir, ckpt)
         except DiskFull:
             remove_partial_checkpoints(args.logdir, prefix)

@@ -1,20 +1,23 @@
-"""Exports a trained model, with its sentencepiece model, as a SavedModel that translates batches of token ids
-(the default) or as a CTranslate2 model directory.
+"""Exports a trained model, with its sentencepiece model, as a SavedModel that translates batches of
+token ids (the default) or as a CTranslate2 model directory.
 
-    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best] [--beam_size 4 --alpha 0.6]
-    python export.py --logdir runs/numbers --export_dir ct2/numbers --format ctranslate2 [--quantization int8]
+    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best]
+    [--beam_size 4 --alpha 0.6] python export.py --logdir runs/numbers --export_dir ct2/numbers
+    --format ctranslate2 [--quantization int8]
 
 Signature serving_default:
-    input   src_ids  int32 (N, T)    sentencepiece ids of each source sentence followed by </s> (3), padded with 0
-    output  ids      int32 (N, T')   the translations' ids, each ending in </s> (3) and padded with 0
+    input   src_ids  int32 (N, T)    sentencepiece ids of each source sentence followed by </s> (3),
+                                     padded with 0
+    output  ids      int32 (N, T')   the translations' ids, each ending in </s> (3) and padded with
+                                     0
             scores   float32 (N,)    log p(ids | src) / ((5 + length) / 6)^alpha
-Beam size, alpha and the length limit (max_len_a * source length + max_len_b) are fixed at export; by default
-they are those of LOGDIR/hparams.json, as for test.py. The data dir's sentencepiece model is the SavedModel's
-only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates text with tensorflow and
-sentencepiece alone.
+Beam size, alpha and the length limit (max_len_a * source length + max_len_b) are fixed at export;
+by default they are those of LOGDIR/hparams.json, as for test.py. The data dir's sentencepiece model
+is the SavedModel's only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates
+text with tensorflow and sentencepiece alone.
 
---format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16), bpe.model,
-and translate.json (the decoding settings and the model's source length limit) for
+--format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16),
+bpe.model, and translate.json (the decoding settings and the model's source length limit) for
 `translate.py --engine ctranslate2 --model EXPORT_DIR`; see ctranslate2_engine.py.
 """
 import os
@@ -44,40 +47,54 @@ TRAINED_OVERRIDES = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
 
 def build_parser():
     """The command line of export.py."""
-    parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel (signature "
-                                                 "serving_default: src_ids -> ids, scores) with its sentencepiece "
-                                                 "model among the assets.", unrecognized_hint=TRAINED_FLAGS_HINT)
+    parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel "
+                           "(signature "
+                                                 "serving_default: src_ids -> ids, scores) with "
+                           "its sentencepiece "
+                                                 "model among the assets.",
+                           unrecognized_hint=TRAINED_FLAGS_HINT)
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
-    parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must not exist yet")
-    parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in --logdir; best: the "
+    parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must "
+                        "not exist yet")
+    parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in "
+                        "--logdir; best: the "
                                                    "best by dev BLEU (LOGDIR/best.json)")
-    parser.add_argument("--data_dir", help="data dir with the model's bpe.model; default the one in hparams.json")
-    parser.add_argument("--beam_size", type=int, help="beam width, 1 is greedy; default from hparams.json")
-    parser.add_argument("--alpha", type=float, help="length penalty ((5+len)/6)^alpha; default from hparams.json")
-    parser.add_argument("--max_len_a", type=float, help="decode at most max_len_a * source length + max_len_b "
+    parser.add_argument("--data_dir", help="data dir with the model's bpe.model; default the one "
+                        "in hparams.json")
+    parser.add_argument("--beam_size", type=int, help="beam width, 1 is greedy; default from "
+                        "hparams.json")
+    parser.add_argument("--alpha", type=float, help="length penalty ((5+len)/6)^alpha; default "
+                        "from hparams.json")
+    parser.add_argument("--max_len_a", type=float, help="decode at most max_len_a * source length "
+                        "+ max_len_b "
                                                         "steps; default from hparams.json")
     parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
     parser.add_argument("--format", choices=["savedmodel", "ctranslate2"], default="savedmodel",
-                        help="savedmodel (default): a TensorFlow SavedModel; ctranslate2: a CTranslate2 model "
-                             "directory for translate.py --engine ctranslate2 (needs the ctranslate2 package)")
+                        help="savedmodel (default): a TensorFlow SavedModel; ctranslate2: a "
+                        "CTranslate2 model "
+                             "directory for translate.py --engine ctranslate2 (needs the "
+                        "ctranslate2 package)")
     parser.add_argument("--quantization", choices=["float32", "int8", "int16"],
-                        help="weight type of --format ctranslate2 (default float32); the SavedModel is float32")
+                        help="weight type of --format ctranslate2 (default float32); the "
+                        "SavedModel is float32")
     return parser
 
 
 def parse_args(argv):
-    """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given on top."""
+    """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given
+    on top."""
     args = build_parser().parse_args(argv)
     if args.quantization and args.format != "ctranslate2":
-        raise UserError("--quantization %s applies to --format ctranslate2 only: the SavedModel holds the float32 "
-                        "weights; add --format ctranslate2, or leave --quantization out" % args.quantization)
+        raise UserError("--quantization %s applies to --format ctranslate2 only: the SavedModel "
+                        "holds the float32 weights; add --format ctranslate2, or leave "
+                        "--quantization out" % args.quantization)
     args.quantization = args.quantization or "float32"
     hp = trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in TRAINED_OVERRIDES
                                        if getattr(args, flag) is not None})
     check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
-        raise UserError("--export_dir %s already exists and is not empty: remove it or choose another"
-                        % args.export_dir)
+        raise UserError("--export_dir %s already exists and is not empty: remove it or choose "
+                        "another" % args.export_dir)
     return args, hp
 
 
@@ -87,32 +104,38 @@ def build_translator(trained):
     Returns the signature's inputs {"src_ids"} and outputs {"ids" (N, T'), "scores" (N,)}.
     """
     src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
-    x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)  # (N,), counts </s>
+    # (N,), counts </s>
+    x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)
     xs = Sources(src_ids, x_seqlen)
     ids, scores = trained.translation(xs)
-    return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"), "scores": tf.identity(scores, name="scores")}
+    return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"),
+                                  "scores": tf.identity(scores, name="scores")}
 
 
 def save_model(sess, export_dir, inputs, outputs, asset):
-    """Writes the session's graph and variables as a SavedModel (tag serve) with a serving_default signature
-    and the file asset copied into EXPORT_DIR/assets. Writes to a temporary directory first, so that an
-    interrupted export leaves no half-written export_dir."""
+    """Writes the session's graph and variables as a SavedModel (tag serve) with a serving_default
+    signature and the file asset copied into EXPORT_DIR/assets. Writes to a temporary directory
+    first, so that an interrupted export leaves no half-written export_dir."""
     tf1.add_to_collection(tf1.GraphKeys.ASSET_FILEPATHS, tf.constant(asset, name="bpe_model_path"))
     signature = tf1.saved_model.signature_def_utils.predict_signature_def(inputs, outputs)
     with export_staging(export_dir) as tmp:
         builder = tf1.saved_model.Builder(os.path.join(tmp, "model"))
+        serving_key = tf1.saved_model.signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY
         builder.add_meta_graph_and_variables(
             sess, [tf1.saved_model.tag_constants.SERVING],
-            signature_def_map={tf1.saved_model.signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signature},
-            assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS), strip_default_attrs=True)
+            signature_def_map={serving_key: signature},
+            assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS),
+            strip_default_attrs=True)
         builder.save()
-        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))  # a link to a directory: followed
+        # a link to a directory: followed
+        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))
 
 
 @contextlib.contextmanager
 def export_staging(export_dir):
-    """The staging directory of an export, beside export_dir (toolkit.staging.staging_dir: those of killed exports are
-    removed first); a full disk is a line naming export_dir and its free space."""
+    """The staging directory of an export, beside export_dir (toolkit.staging.staging_dir: those of
+    killed exports are removed first); a full disk is a line naming export_dir and its free
+    space."""
     parent = os.path.dirname(os.path.realpath(export_dir))
     os.makedirs(parent, exist_ok=True)
     with writing(export_dir), staging_dir(parent, ".tmp-export-") as tmp:
@@ -120,20 +143,24 @@ def export_staging(export_dir):
 
 
 def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
-    """Writes the checkpoint ckpt as a CTranslate2 model directory, through a temporary directory renamed into
-    place."""
+    """Writes the checkpoint ckpt as a CTranslate2 model directory, through a temporary directory
+    renamed into place."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        raise UserError("--format ctranslate2 needs the ctranslate2 package: pip install -r requirements.txt") \
+        raise UserError("--format ctranslate2 needs the ctranslate2 package: pip install -r "
+                        "requirements.txt") \
             from None
-    settings = {flag: getattr(hp, flag) for flag in ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")}
+    settings = {flag: getattr(hp, flag) for flag
+                in ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")}
     settings.update(quantization=quantization, checkpoint=os.path.basename(ckpt))
     with export_staging(export_dir) as tmp:
         with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile
             weights = ctranslate2_engine.checkpoint_weights(path)
-        ctranslate2_engine.write_model(weights, hp, bpe_model, os.path.join(tmp, "model"), quantization, settings)
-        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))  # a link to a directory: followed
+        ctranslate2_engine.write_model(weights, hp, bpe_model, os.path.join(tmp, "model"),
+                                       quantization, settings)
+        # a link to a directory: followed
+        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))
     return ckpt
 
 
@@ -144,15 +171,19 @@ def main(argv=None):
     ckpt, bpe_model = trained.ckpt, trained.bpe_model
     if args.format == "ctranslate2":
         export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
-        print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s \"a sentence\""
-              % (os.path.basename(ckpt), args.quantization, args.export_dir, shlex.quote(args.export_dir)))
+        print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s "
+              "\"a sentence\""
+              % (os.path.basename(ckpt), args.quantization, args.export_dir,
+                 shlex.quote(args.export_dir)))
         return 0
     inputs, outputs = build_translator(trained)
     with trained.session() as sess:
         ckpt = trained.ckpt
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)
-    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a sentence\""
-          % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir, shlex.quote(args.export_dir)))
+    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a "
+          "sentence\""
+          % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir,
+             shlex.quote(args.export_dir)))
     return 0
 
 

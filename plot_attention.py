@@ -1,25 +1,33 @@
 """PNG heat maps of the attention of a trained model's translations, and of the positional encoding.
 
-    python plot_attention.py --logdir runs/numbers --dir plots "Er zählt bis elf." ["another sentence" ...]
+    python plot_attention.py --logdir runs/numbers --dir plots "Er zählt bis elf." ["another
+    sentence" ...]
 
-draws DIR/positional_encoding.png and, per sentence, DIR/NNNN.png with the cross-attention heads of the last
-decoder block, and prints the translations: translate.py --plot_attention DIR with the sentences given.
-The heat maps are drawn by toolkit/attention_plots.py.
+draws DIR/positional_encoding.png and, per sentence, DIR/NNNN.png with the cross-attention heads of
+the last decoder block, and prints the translations: translate.py --plot_attention DIR with the
+sentences given. The heat maps are drawn by toolkit/attention_plots.py.
 """
 from toolkit.errors import OneLineParser, run_cli
 from toolkit.outputs import check_writable_dir
 
 
 def main(argv=None):
-    """The command line: translate.py --plot_attention DIR for the sentences given (see the module docstring)."""
-    parser = OneLineParser(prog="plot_attention.py", description="Translate sentences with a trained model and "
-                                                                 "draw the cross-attention heads of its last decoder "
-                                                                 "block as PNGs (translate.py --plot_attention).")
+    """The command line: translate.py --plot_attention DIR for the sentences given (see the module
+    docstring)."""
+    parser = OneLineParser(prog="plot_attention.py", description="Translate sentences with a "
+                           "trained model and "
+                                                                 "draw the cross-attention heads "
+                           "of its last decoder "
+                                                                 "block as PNGs (translate.py "
+                           "--plot_attention).")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
-    parser.add_argument("--dir", required=True, help="where the PNGs go: positional_encoding.png and NNNN.png, "
+    parser.add_argument("--dir", required=True, help="where the PNGs go: positional_encoding.png "
+                        "and NNNN.png, "
                                                      "NNNN the sentence's number counted from 1")
-    parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in --logdir")
-    parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate and draw")
+    parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in "
+                        "--logdir")
+    parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate "
+                        "and draw")
     args = parser.parse_args(argv)
     check_writable_dir(args.dir, "dir")
     import translate  # TensorFlow only once the command line is known to be good

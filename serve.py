@@ -1,26 +1,32 @@
-"""An HTTP translation server for a model trained by this toolkit: LibreTranslate's API, and a page to try it at /.
+"""An HTTP translation server for a model trained by this toolkit: LibreTranslate's API, and a page
+to try it at /.
 
-    python serve.py --logdir runs/multi30k --port 5000 [--host 127.0.0.1] [--beam_size 4 --ckpt PATH ...]
-    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+    python serve.py --logdir runs/multi30k --port 5000 [--host 127.0.0.1] [--beam_size 4 --ckpt PATH
+    ...] curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
          -d '{"q": "Ein Mann schläft.", "source": "de", "target": "en"}'
 
 Endpoints (docs/serving.md has every field and error):
-    POST /translate  q (a string or a list of strings), source (the model's source language or "auto"), target,
-                     format ("text" or "html"), alternatives (how many n-best entries besides the best), api_key;
-                     beyond LibreTranslate: attention true (q one string) adds "nbest" [{text, score}] and
-                     "attention" [{source, target, weights}], the best translation's cross-attention of the last
-                     decoder block averaged over heads, (target pieces, source pieces), one per model input.
+    POST /translate  q (a string or a list of strings), source (the model's source language or
+                     "auto"), target,
+                     format ("text" or "html"), alternatives (how many n-best entries besides the
+                     best), api_key; beyond LibreTranslate: attention true (q one string) adds
+                     "nbest" [{text, score}] and "attention" [{source, target, weights}], the best
+                     translation's cross-attention of the last decoder block averaged over heads,
+                     (target pieces, source pieces), one per model input.
     POST /detect     the model's source language, confidence 100
     GET  /languages  the model's two languages
-    GET  /           the page: a text box, the translation, its n-best with scores and its attention heat map
-Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong api_key, 429 queue
-full, 504 past --timeout, 500 anything else.
+    GET  /           the page: a text box, the translation, its n-best with scores and its attention
+                     heat map
+Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong
+api_key, 429 queue full, 504 past --timeout, 500 anything else.
 
-Text is translated line by line as translate.py translates a line (same cleaning, same splitting of over-long
-lines, same translations); with format html the text between tags is, each run separately, and the tags stay.
-Requests share one queue: a worker thread takes the sentences that arrive within --batch_wait_ms, up to
---test_batch_size, and runs the model on them at once, sorted by length. SIGTERM or Ctrl-C stops accepting
-connections, answers the requests already in, and exits 0. One line per request goes to standard error.
+Text is translated line by line as translate.py translates a line (same cleaning, same splitting of
+over-long lines, same translations); with format html the text between tags is, each run separately,
+and the tags stay. Requests share one queue: a worker thread takes the sentences that arrive within
+--batch_wait_ms, up to
+--test_batch_size, and runs the model on them at once, sorted by length. SIGTERM or Ctrl-C stops
+accepting connections, answers the requests already in, and exits 0. One line per request goes to
+standard error.
 """
 import os
 
@@ -48,41 +54,53 @@ from toolkit.translator import Translator
 #: The page served at /.
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page", "index.html")
 #: Names of the language codes /languages shows (ISO 639-1); another code is shown as its own name.
-LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
-                  "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
-                  "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
+LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+                  "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
+                  "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
+                  "zh": "Chinese"}
 #: The serve.py flags that must be at least some value: (flag, lowest value).
-SERVE_MINIMA = (("port", 0), ("batch_wait_ms", 0), ("char_limit", 1), ("max_sentences", 1), ("queue_size", 1),
-                ("timeout", 0.001))
+SERVE_MINIMA = (("port", 0), ("batch_wait_ms", 0), ("char_limit", 1), ("max_sentences", 1),
+                ("queue_size", 1), ("timeout", 0.001))
 
 
 # ---------------------------------------------------------------- flags
 def build_parser():
     """hparams.py's parser with its decoding flags, and the flags of serve.py alone."""
-    parser = Hparams(DECODING_FLAGS, "serve.py", "Serve a trained model over HTTP with LibreTranslate's API and a "
+    parser = Hparams(DECODING_FLAGS, "serve.py", "Serve a trained model over HTTP with "
+                     "LibreTranslate's API and a "
                                                  "page to try it at / (see the top of serve.py and "
-                                                 "docs/serving.md). Its language codes are those prepro.py recorded "
-                                                 "in the data dir's manifest.json (--src_lang, --tgt_lang).").parser
+                                                 "docs/serving.md). Its language codes are those "
+                     "prepro.py recorded "
+                                                 "in the data dir's manifest.json (--src_lang, "
+                     "--tgt_lang).").parser
     group = parser.add_argument_group("serve.py")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 listens on every interface")
-    group.add_argument("--port", type=int, default=5000, help="TCP port to listen on (LibreTranslate's); 0 picks a "
-                                                              "free one, named in the 'serving on' line")
+    group.add_argument("--port", type=int, default=5000, help="TCP port to listen on "
+                       "(LibreTranslate's); 0 picks a "
+                                                              "free one, named in the 'serving on' "
+                       "line")
     group.add_argument("--batch_wait_ms", type=float, default=5,
-                       help="how long the worker waits for more sentences to batch with the first waiting one; "
+                       help="how long the worker waits for more sentences to batch with the first "
+                       "waiting one; "
                             "0 runs each request's sentences as soon as the model is free")
     group.add_argument("--char_limit", type=int, default=5000,
-                       help="most characters of q in one request (all items of a list); more is a 400")
+                       help="most characters of q in one request (all items of a list); more is a "
+                       "400")
     group.add_argument("--max_sentences", type=int, default=200,
-                       help="most sentences in one request (lines of q, text runs of html, and the parts a line "
+                       help="most sentences in one request (lines of q, text runs of html, and the "
+                       "parts a line "
                             "longer than the model's --maxlen1 is split into); more is a 400")
     group.add_argument("--queue_size", type=int, default=64,
-                       help="most requests waiting or being translated at once; one more is refused with 429")
+                       help="most requests waiting or being translated at once; one more is "
+                       "refused with 429")
     group.add_argument("--timeout", type=float, default=60,
-                       help="seconds a request may wait for its translations; then it gets a 504 (and is dropped "
+                       help="seconds a request may wait for its translations; then it gets a 504 "
+                       "(and is dropped "
                             "if the model has not started on it)")
     group.add_argument("--api_key", default="",
-                       help="if given, /translate and /detect need this api_key field (403 without it); the page "
+                       help="if given, /translate and /detect need this api_key field (403 without "
+                       "it); the page "
                             "sends the one in its address, /?api_key=KEY")
     return parser
 
@@ -92,56 +110,68 @@ def parse_args(argv):
     args, given = parse_flags(build_parser(), argv)
     for flag, lowest in SERVE_MINIMA:
         if getattr(args, flag) < lowest:
-            raise UserError("--%s %s is out of range: it must be at least %s" % (flag, getattr(args, flag), lowest))
+            raise UserError("--%s %s is out of range: it must be at least %s"
+                            % (flag, getattr(args, flag), lowest))
     if args.port > 65535:
         raise UserError("--port %d is out of range: it must be at most 65535" % args.port)
-    return trained_hparams(args.logdir, {flag: value for flag, value in given.items() if flag in DECODING_FLAGS}), args
+    return trained_hparams(args.logdir,
+                           {flag: value for flag, value in given.items() if flag
+                            in DECODING_FLAGS}), args
 
 
 # ---------------------------------------------------------------- text in and out
 def attention_entry(source, ids, weights, sp):
-    """One model input's attention for the page: its source and target pieces (with </s>) and the (T2, T1)
-    weights averaged over heads."""
+    """One model input's attention for the page: its source and target pieces (with </s>) and the
+    (T2, T1) weights averaged over heads."""
     target = [int(i) for i in ids[0] if i != PAD_ID]
-    return {"source": [sp.id_to_piece(int(i)) for i in source], "target": [sp.id_to_piece(i) for i in target],
-            "weights": weights[:, :len(target), :len(source)].mean(0).astype(float).round(4).tolist()}
+    return {"source": [sp.id_to_piece(int(i)) for i in source],
+            "target": [sp.id_to_piece(i) for i in target],
+            "weights": weights[:, :len(target),
+                               :len(source)].mean(0).astype(float).round(4).tolist()}
 
 
 # ---------------------------------------------------------------- the model's worker
 # ---------------------------------------------------------------- the API
 class Service:
-    """The model behind the server (its translator in a Batcher, sentencepiece, languages) and the limits."""
+    """The model behind the server (its translator in a Batcher, sentencepiece, languages) and the
+    limits."""
 
     def __init__(self, hp, args):
         trained = TrainedModel(hp, hp.ckpt)
         manifest, self.sp = trained.manifest, trained.sentencepiece()
         # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
-        self.source_lang, self.target_lang = manifest.get("src_lang", "de"), manifest.get("tgt_lang", "en")
+        self.source_lang, self.target_lang = manifest.get("src_lang",
+                                                          "de"), manifest.get("tgt_lang", "en")
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
         translator = Translator(trained, hp.beam_size, with_attention=True)
-        self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000, args.queue_size,
-                               args.timeout)
+        self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
+                               args.queue_size, args.timeout)
 
     def close(self):
         self.batcher.stop()
         self.batcher.translator.close()
 
     def check_key(self, fields):
-        if self.args.api_key and not hmac.compare_digest(str(fields.get("api_key", "")), self.args.api_key):
-            raise ApiError(403, "Invalid API key: pass the api_key field this server was started with")
+        if self.args.api_key and not hmac.compare_digest(str(fields.get("api_key", "")),
+                                                         self.args.api_key):
+            raise ApiError(403, "Invalid API key: pass the api_key field this server was started "
+                           "with")
 
     def items(self, fields):
         """The q items of a request (a list of strings), checked against the limits."""
         q = fields.get("q")
         if not q:
-            raise ApiError(400, "Invalid request: missing q parameter (a string or a list of strings)")
+            raise ApiError(400, "Invalid request: missing q parameter (a string or a list of "
+                           "strings)")
         items = [q] if isinstance(q, str) else q
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
             raise ApiError(400, "Invalid request: q must be a string or a list of strings")
         chars = sum(len(item) for item in items)
         if chars > self.args.char_limit:
-            raise ApiError(400, "Invalid request: q has %d characters, more than this server's limit of %d "
-                                "(--char_limit): send less text per request" % (chars, self.args.char_limit))
+            raise ApiError(400, "Invalid request: q has %d characters, more than this server's "
+                           "limit of %d "
+                                "(--char_limit): send less text per request"
+                           % (chars, self.args.char_limit))
         return items
 
     def check_languages(self, fields):
@@ -154,13 +184,16 @@ class Service:
                                 % (language_field("target", target), self.target_lang))
 
     def prepare(self, documents):
-        """Per document, per segment, the model inputs (toolkit.sentences.prepare); at most --max_sentences in all."""
+        """Per document, per segment, the model inputs (toolkit.sentences.prepare); at most
+        --max_sentences in all."""
         parts = [[prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
                  for document in documents]
         count = sum(len(segment) for document in parts for segment in document)
         if count > self.args.max_sentences:
-            raise ApiError(400, "Invalid request: %d sentences to translate, more than this server's limit of %d "
-                                "(--max_sentences): send fewer per request" % (count, self.args.max_sentences))
+            raise ApiError(400, "Invalid request: %d sentences to translate, more than this "
+                           "server's limit of %d "
+                                "(--max_sentences): send fewer per request"
+                           % (count, self.args.max_sentences))
         return parts, count
 
 
@@ -169,14 +202,16 @@ def language_field(name, value):
 
 
 def nonnegative_int(fields, name, most, why):
-    """A field given as a JSON integer or form digits, from 0 to most (0 when absent); a 400 otherwise."""
+    """A field given as a JSON integer or form digits, from 0 to most (0 when absent); a 400
+    otherwise."""
     value = fields.get(name, 0)
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ApiError(400, "Invalid request: %s must be a whole number, not %r" % (name, value))
     if value > most:
-        raise ApiError(400, "Invalid request: %s %d is more than this server gives (%d: %s)" % (name, value, most,
+        raise ApiError(400, "Invalid request: %s %d is more than this server gives (%d: %s)"
+                       % (name, value, most,
                                                                                               why))
     return value
 
@@ -208,7 +243,8 @@ async def translate_handler(request):
     service.check_languages(fields)
     fmt = fields.get("format", "text")
     if fmt not in ("text", "html"):
-        raise ApiError(400, "Invalid request: format %r is not supported: pass text or html" % (fmt,))
+        raise ApiError(400, "Invalid request: format %r is not supported: pass text or html"
+                       % (fmt,))
     alternatives = nonnegative_int(fields, "alternatives", service.beam_size - 1,
                                    "one less than its --beam_size %d" % service.beam_size)
     attention = flag(fields, "attention")
@@ -219,19 +255,23 @@ async def translate_handler(request):
     sources = [source for document in parts for segment in document for source in segment]
     results = await service.batcher.translate(sources, attention)
     entries, maps = read_results(documents, parts, results, service.sp)
-    return web.json_response(translation_body(fields, service, entries, alternatives, maps if attention else None))
+    return web.json_response(translation_body(fields, service, entries, alternatives,
+                                              maps if attention else None))
 
 
 def read_results(documents, parts, results, sp):
-    """The translator's results (one per model input, in order) as per document its n-best entries [(text,
-    score)], and the attention entries of every model input (when results have attention)."""
+    """The translator's results (one per model input, in order) as per document its n-best entries
+    [(text, score)], and the attention entries of every model input (when results have
+    attention)."""
     results, entries, maps = iter(results), [], []
     for document, segments in zip(documents, parts):
         segment_entries = []
         for sources in segments:
             part_results = [next(results) for _ in sources]
-            # an empty line, like a line whose every entry beam search left unfilled, translates as ""
-            segment_entries.append((nbest_texts(part_results, sp) if sources else []) or [("", 0.0)])
+            # an empty line, like a line whose every entry beam search left unfilled, translates as
+            # ""
+            segment_entries.append((nbest_texts(part_results, sp) if sources else [])
+                                   or [("", 0.0)])
             maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
                      in zip(sources, part_results) if weights is not None]
         entries.append(document_entries(document, segment_entries))
@@ -239,12 +279,14 @@ def read_results(documents, parts, results, sp):
 
 
 def translation_body(fields, service, entries, alternatives, maps):
-    """The answer of /translate: per q item its n-best entries [(text, score)], best first, shaped as q was."""
+    """The answer of /translate: per q item its n-best entries [(text, score)], best first, shaped
+    as q was."""
     one = isinstance(fields["q"], str)
     shape = (lambda values: values[0]) if one else (lambda values: values)
     body = {"translatedText": shape([document[0][0] for document in entries])}
     if alternatives:
-        body["alternatives"] = shape([[text for text, _ in document[1:1 + alternatives]] for document in entries])
+        body["alternatives"] = shape([[text for text, _ in document[1:1 + alternatives]]
+                                      for document in entries])
     if fields.get("source") == "auto":
         body["detectedLanguage"] = shape([detected(service)] * len(entries))
     if maps is not None:
@@ -268,7 +310,8 @@ async def languages_handler(request):
     service = request.app["service"]
     return web.json_response([
         {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
-        for code, targets in ((service.source_lang, [service.target_lang]), (service.target_lang, []))])
+        for code,
+        targets in ((service.source_lang, [service.target_lang]), (service.target_lang, []))])
 
 
 async def page_handler(request):
@@ -277,8 +320,8 @@ async def page_handler(request):
 
 @web.middleware
 async def log_and_errors(request, handler):
-    """Answers errors as {"error": ...} and writes one line per request to standard error: method, path, status,
-    sentences translated, milliseconds."""
+    """Answers errors as {"error": ...} and writes one line per request to standard error: method,
+    path, status, sentences translated, milliseconds."""
     start, request["sentences"] = time.monotonic(), 0
     try:
         response = await handler(request)
@@ -286,17 +329,22 @@ async def log_and_errors(request, handler):
         response = web.json_response({"error": str(error)}, status=error.status)
     except web.HTTPException as error:  # aiohttp's own: 404, 405, 413
         response = web.json_response({"error": error.text or error.reason}, status=error.status)
-    except Exception as error:  # noqa: BLE001 (a bug or a failed model run: a 500, the server goes on)
+    # a bug or a failed model run: a 500, the server goes on
+    except Exception as error:  # noqa: BLE001
         traceback.print_exc()
         response = web.json_response({"error": "internal error: %s" % error}, status=500)
-    print("%s %s %d %d sentences %.0f ms" % (request.method, request.path, response.status, request["sentences"],
-                                             1000 * (time.monotonic() - start)), file=sys.stderr, flush=True)
+    print("%s %s %d %d sentences %.0f ms"
+          % (request.method, request.path, response.status, request["sentences"],
+                                             1000 * (time.monotonic() - start)), file=sys.stderr,
+          flush=True)
     return response
 
 
 def build_app(service):
-    # a body may hold --char_limit characters, each up to 6 bytes as a JSON escape, and the other fields
-    app = web.Application(middlewares=[log_and_errors], client_max_size=6 * service.args.char_limit + 65536)
+    # a body may hold --char_limit characters, each up to 6 bytes as a JSON escape, and the other
+    # fields
+    app = web.Application(middlewares=[log_and_errors], client_max_size=6 * service.args.char_limit
+                          + 65536)
     app["service"] = service
     app.router.add_post("/translate", translate_handler)
     app.router.add_post("/detect", detect_handler)
@@ -306,7 +354,8 @@ def build_app(service):
 
 
 async def serve(service, args):
-    """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already in, and returns."""
+    """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already in, and
+    returns."""
     runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5)
     await runner.setup()
     try:
@@ -319,8 +368,8 @@ async def serve(service, args):
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     host, port = runner.addresses[0][:2]
-    print("serve.py: serving %s -> %s on http://%s:%d" % (service.source_lang, service.target_lang, host, port),
-          file=sys.stderr, flush=True)
+    print("serve.py: serving %s -> %s on http://%s:%d"
+          % (service.source_lang, service.target_lang, host, port), file=sys.stderr, flush=True)
     await stop.wait()
     print("serve.py: stopping: answering the requests already in", file=sys.stderr, flush=True)
     await runner.cleanup()

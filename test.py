@@ -1,12 +1,15 @@
-"""Translates the whole test split with a trained model and reports sacreBLEU, or scores other file pairs.
+"""Translates the whole test split with a trained model and reports sacreBLEU, or scores other file
+pairs.
 
     python test.py --logdir runs/numbers [--ckpt PATH|best] [--testdir DIR] [--beam_size 4]
-    python test.py --logdir runs/numbers --src a.de b.de --ref a.en b.en     # BLEU and chrF of each pair
+    python test.py --logdir runs/numbers --src a.de b.de --ref a.en b.en     # BLEU and chrF of each
+                                                                             # pair
 
-The model's shape and data dir come from LOGDIR/hparams.json. Writes TESTDIR/hypotheses.txt (one line per source
-line, in order; an empty source line gets an empty hypothesis) and TESTDIR/results.json. With --src/--ref, the
-source files are raw text translated as translate.py --input translates them, and TESTDIR/hypotheses.N.txt (N
-counting the pairs from 1) and TESTDIR/files.json are written instead, with one line per pair printed.
+The model's shape and data dir come from LOGDIR/hparams.json. Writes TESTDIR/hypotheses.txt (one
+line per source line, in order; an empty source line gets an empty hypothesis) and
+TESTDIR/results.json. With --src/--ref, the source files are raw text translated as translate.py
+--input translates them, and TESTDIR/hypotheses.N.txt (N counting the pairs from 1) and
+TESTDIR/files.json are written instead, with one line per pair printed.
 """
 import os
 
@@ -32,12 +35,14 @@ tf1 = tf.compat.v1
 
 
 def parse_args(argv):
-    """The model's hyperparameters: LOGDIR/hparams.json with the flags given on top. Only where the model is, how
-    to decode and --testdir are flags; the model's shape and the training settings come from hparams.json."""
+    """The model's hyperparameters: LOGDIR/hparams.json with the flags given on top. Only where the
+    model is, how to decode and --testdir are flags; the model's shape and the training settings
+    come from hparams.json."""
     parser = Hparams(DECODING_FLAGS + ("testdir",), "test.py").parser
     group = parser.add_argument_group("test.py")
     group.add_argument("--src", nargs="+", default=[], metavar="FILE",
-                       help="score these source files (raw UTF-8 text) instead of the data dir's test split, each "
+                       help="score these source files (raw UTF-8 text) instead of the data dir's "
+                       "test split, each "
                             "against the --ref file in the same position")
     group.add_argument("--ref", nargs="+", default=[], metavar="FILE",
                        help="the reference translation of each --src file, line by line")
@@ -45,7 +50,8 @@ def parse_args(argv):
     hp = trained_hparams(args.logdir, given)
     hp.src, hp.ref = args.src, args.ref
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
-    check_writable_dir(hp.testdir, "testdir")  # before the decode, which a bad --testdir would waste
+    # before the decode, which a bad --testdir would waste
+    check_writable_dir(hp.testdir, "testdir")
     return hp
 
 
@@ -57,10 +63,11 @@ def main(argv=None):
     trained = TrainedModel(hp, hp.ckpt, ("test",))
     manifest = trained.manifest
     files = split_paths(hp.data_dir, manifest, "test")
-    batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None, hp.test_batch_size)
+    batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None,
+                                                       hp.test_batch_size)
     if not num_sentences:
-        raise UserError("the test split of %s is empty: nothing to translate; rebuild it with prepro.py and a test "
-                        "set" % hp.data_dir)
+        raise UserError("the test split of %s is empty: nothing to translate; rebuild it with "
+                        "prepro.py and a test set" % hp.data_dir)
     iterator = tf1.data.make_initializable_iterator(batches)
     xs, _ = iterator.get_next()
     ids, scores = trained.translation(xs)
@@ -69,43 +76,53 @@ def main(argv=None):
         ckpt = trained.ckpt
         start = time.time()
         try:
-            hypotheses, _ = get_hypotheses(sess, iterator.initializer, ids, xs.x_seqlen, num_batches(),
-                                           eval_order(hp.data_dir, manifest, "test"), sp, "test", scores)
+            hypotheses, _ = get_hypotheses(sess, iterator.initializer, ids, xs.x_seqlen,
+                                           num_batches(), eval_order(hp.data_dir, manifest, "test"),
+                                           sp, "test", scores)
         except FloatingPointError as error:
-            raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with --ckpt"
-                            % (error, ckpt)) from None
+            raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with "
+                            "--ckpt" % (error, ckpt)) from None
         seconds = time.time() - start
     bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
 
     atomic_write(os.path.join(hp.testdir, "hypotheses.txt"), "".join(h + "\n" for h in hypotheses))
-    results = {"bleu": round(bleu, 2), "signature": signature, "sentences": num_sentences, "checkpoint": ckpt,
-               "beam_size": hp.beam_size, "alpha": hp.alpha, "seconds": round(seconds, 2)}
+    results = {"bleu": round(bleu, 2), "signature": signature, "sentences": num_sentences,
+               "checkpoint": ckpt, "beam_size": hp.beam_size, "alpha": hp.alpha,
+               "seconds": round(seconds, 2)}
     atomic_write(os.path.join(hp.testdir, "results.json"), json.dumps(results, indent=2) + "\n")
     print("BLEU = %.2f  %s  (%d sentences, %s, beam %d, %.1f s) -> %s"
-          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds, hp.testdir))
+          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds,
+             hp.testdir))
     return 0
 
 
 def score_files(hp):
-    """test.py --src ... --ref ...: translates each source file and prints its BLEU and chrF against its
-    reference file. Every file is read, and the pairs' line counts compared, before the model is loaded."""
+    """test.py --src ... --ref ...: translates each source file and prints its BLEU and chrF against
+    its reference file. Every file is read, and the pairs' line counts compared, before the model is
+    loaded."""
     if len(hp.src) != len(hp.ref):
-        raise UserError("%d --src files but %d --ref files: give one --ref file per --src file, in the same order"
-                        % (len(hp.src), len(hp.ref)))
-    pairs = [read_pair(source, reference, ("src", "ref")) for source, reference in zip(hp.src, hp.ref)]
+        raise UserError("%d --src files but %d --ref files: give one --ref file per --src file, in "
+                        "the same order" % (len(hp.src), len(hp.ref)))
+    pairs = [read_pair(source, reference, ("src", "ref")) for source,
+             reference in zip(hp.src, hp.ref)]
     trained = TrainedModel(hp, hp.ckpt)
     sp, translator = trained.sentencepiece(), Translator(trained)
     ckpt = trained.ckpt
     results = []
     try:
-        for number, (source, reference, (sources, references)) in enumerate(zip(hp.src, hp.ref, pairs), 1):
-            hypotheses = best_translations(translator, sources, sp, hp.maxlen1 - 1, "%s line" % source)
-            atomic_write(os.path.join(hp.testdir, "hypotheses.%d.txt" % number), "".join(h + "\n" for h in hypotheses))
+        for number, (source, reference,
+                     (sources, references)) in enumerate(zip(hp.src, hp.ref, pairs), 1):
+            hypotheses = best_translations(translator, sources, sp, hp.maxlen1 - 1, "%s line"
+                                           % source)
+            atomic_write(os.path.join(hp.testdir, "hypotheses.%d.txt" % number),
+                         "".join(h + "\n" for h in hypotheses))
             bleu, signature = calc_bleu(references, hypotheses)
             results.append({"src": source, "ref": reference, "bleu": round(bleu, 2),
-                            "chrf": round(calc_chrf(references, hypotheses), 2), "sentences": len(sources)})
+                            "chrf": round(calc_chrf(references, hypotheses), 2),
+                            "sentences": len(sources)})
             print("%s: BLEU = %.2f  chrF = %.2f  (%d sentences, %s, beam %d)" % (
-                source, bleu, results[-1]["chrf"], len(sources), os.path.basename(ckpt), hp.beam_size), flush=True)
+                source, bleu, results[-1]["chrf"], len(sources), os.path.basename(ckpt),
+                hp.beam_size), flush=True)
     finally:
         translator.close()
     atomic_write(os.path.join(hp.testdir, "files.json"), json.dumps(

@@ -2,12 +2,12 @@
 
     python train.py --data_dir data/numbers --logdir runs/numbers [flags]    (see --help)
 
-Every epoch: translate the whole dev set, compute BLEU, write summaries and a checkpoint named after the epoch,
-loss and BLEU. Started again with the same logdir, it resumes from the latest checkpoint at the same global step,
-epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first (once per step; a dev decode is
-abandoned) and exits 130 / 143; a non-finite loss, weights or dev
-decoding scores stop training without saving over the last good checkpoint, and so does a full disk. One train.py
-at a time trains a logdir (LOGDIR/train.lock).
+Every epoch: translate the whole dev set, compute BLEU, write summaries and a checkpoint named after
+the epoch, loss and BLEU. Started again with the same logdir, it resumes from the latest checkpoint
+at the same global step, epoch and position in the epoch. Ctrl-C or SIGTERM saves a checkpoint first
+(once per step; a dev decode is abandoned) and exits 130 / 143; a non-finite loss, weights or dev
+decoding scores stop training without saving over the last good checkpoint, and so does a full disk.
+One train.py at a time trains a logdir (LOGDIR/train.lock).
 """
 import os
 import time
@@ -36,9 +36,9 @@ from toolkit.budget import Budget
 from toolkit.datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
 from toolkit.early_stop import check_patience, early_stop, nothing_to_do
 from toolkit.errors import DiskFull, UserError, is_disk_full, run_cli
-from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, load_trained_hparams, logdir_lock,
-                            read_best, record_dev_bleu, remove_partial_checkpoints, save_hparams,
-                            save_variable_specs, trained_data_dir)
+from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, load_trained_hparams,
+                            logdir_lock, read_best, record_dev_bleu, remove_partial_checkpoints,
+                            save_hparams, save_variable_specs, trained_data_dir)
 from toolkit.outputs import atomic_write, check_writable_dir
 from toolkit.stop_request import StopNow, StopRequest
 from toolkit.textfiles import read_lines
@@ -50,11 +50,13 @@ tf1 = tf.compat.v1
 
 
 def resolve_hparams(argv):
-    """Command-line flags on top of --config FILE's, or on resume the logdir's hparams.json overridden by them.
+    """Command-line flags on top of --config FILE's, or on resume the logdir's hparams.json
+    overridden by them.
 
-    The model's shape can not change on resume, nor its vocabulary: vocab_size, vocab_sha256 and bpe_sha256 come
-    from the data dir. A new run with --init_from takes the model-shape flags it is not given from the source run
-    (init_model_flags). Every flag's range is checked before anything is built.
+    The model's shape can not change on resume, nor its vocabulary: vocab_size, vocab_sha256 and
+    bpe_sha256 come from the data dir. A new run with --init_from takes the model-shape flags it is
+    not given from the source run (init_model_flags). Every flag's range is checked before anything
+    is built.
     """
     parser = Hparams(prog="train.py").parser
     hp, given = parse_flags(parser, argv)
@@ -68,7 +70,8 @@ def resolve_hparams(argv):
         if given.get("init_from"):
             source, _ = init_source(given["init_from"])
             given = {**init_model_flags(given, source), **given}
-        hp = parser.parse_args([], namespace=Namespace(**given))  # the defaults of the flags not given
+        # the defaults of the flags not given
+        hp = parser.parse_args([], namespace=Namespace(**given))
     check_ranges(hp)
     check_patience(hp)
     manifest = load_manifest(hp.data_dir, trained_on, hp.logdir, ("train", "eval"))
@@ -86,8 +89,8 @@ def resolve_hparams(argv):
 class TrainGraph:
     """What build_graph builds for the training loop."""
     step: distributed.TrainStep  # loss, train_op, global_step, summaries and the workers' votes
-    # data: one iterator, initialized by train_init (for epoch `epoch`, its first `skip` batches skipped) or
-    # eval_init; xs is its source side
+    # data: one iterator, initialized by train_init (for epoch `epoch`, its first `skip` batches
+    # skipped) or eval_init; xs is its source side
     epoch: tf.Tensor
     skip: tf.Tensor
     train_init: tf.Operation
@@ -104,8 +107,8 @@ class TrainGraph:
     eval_ids: tf.Tensor
     eval_scores: tf.Tensor
     eval_summaries: tf.Tensor
-    # saved with the weights: [completed epochs, batches done in the current epoch], and the schedule's end step
-    # (the variable is step.schedule_total)
+    # saved with the weights: [completed epochs, batches done in the current epoch], and the
+    # schedule's end step (the variable is step.schedule_total)
     training_state: tf.Variable
     new_state: tf.Tensor
     save_state: tf.Tensor
@@ -117,73 +120,82 @@ class TrainGraph:
 
 
 def build_graph(hp, manifest, cluster):
-    """Train and eval graphs over one iterator, the train step replicated as cluster says (distributed.py).
+    """Train and eval graphs over one iterator, the train step replicated as cluster says
+    (distributed.py).
     Returns a TrainGraph."""
-    tf1.set_random_seed(hp.seed + cluster.process_index)  # workers' dropout differs; initial values are the chief's
+    # workers' dropout differs; initial values are the chief's
+    tf1.set_random_seed(hp.seed + cluster.process_index)
     epoch, skip = tf1.placeholder_with_default(0, []), tf1.placeholder_with_default(0, [])
     train_batches, train_num_batches, num_train, num_over = get_batch(
         hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.batch_size, shuffle=True,
         batch_type=hp.batch_type, seed=hp.seed, truncate=hp.truncate, epoch=epoch, skip=skip,
         growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
-    eval_batches, eval_num_batches, num_eval, _ = get_batch(hp.data_dir, manifest, "eval", None, None,
-                                                            hp.test_batch_size)
+    eval_batches, eval_num_batches, num_eval, _ = get_batch(hp.data_dir, manifest, "eval", None,
+                                                            None, hp.test_batch_size)
     iterator = tf1.data.Iterator.from_structure(tf1.data.get_output_types(train_batches),
                                                 tf1.data.get_output_shapes(train_batches))
     xs, ys = iterator.get_next()
 
-    step = distributed.build_train(cluster, hp, xs, ys)  # first: it creates the (mirrored) variables
+    # first: it creates the (mirrored) variables
+    step = distributed.build_train(cluster, hp, xs, ys)
     model = build_transformer(ModelConfig.from_flags(hp))  # the training step's variables, reused
     eval_ids, eval_scores, eval_summaries = model.eval(xs, DecodingSettings.from_flags(hp))
     training_state = tf1.get_variable("training_state", initializer=tf.constant([0, 0], tf.int64),
                                       trainable=False)
     new_state = tf1.placeholder(tf.int64, [2])
     new_schedule_total = tf1.placeholder(tf.int64, [])
-    weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in tf1.global_variables()
-                                    if v.dtype.base_dtype.is_floating])
+    weights_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v
+                                    in tf1.global_variables() if v.dtype.base_dtype.is_floating])
     return TrainGraph(
         step=step, epoch=epoch, skip=skip, train_init=iterator.make_initializer(train_batches),
-        eval_init=iterator.make_initializer(eval_batches), xs=xs, target_tokens=tf.reduce_sum(ys.y_seqlen),
-        train_num_batches=train_num_batches, eval_num_batches=eval_num_batches(),
-        eval_order=eval_order(hp.data_dir, manifest, "eval"), num_train=num_train,
-        num_over=num_over, num_eval=num_eval, eval_ids=eval_ids, eval_scores=eval_scores,
-        eval_summaries=eval_summaries, training_state=training_state, new_state=new_state,
-        save_state=tf1.assign(training_state, new_state),
-        new_schedule_total=new_schedule_total, set_schedule_total=step.schedule_total.assign(new_schedule_total),
+        eval_init=iterator.make_initializer(eval_batches), xs=xs,
+        target_tokens=tf.reduce_sum(ys.y_seqlen), train_num_batches=train_num_batches,
+        eval_num_batches=eval_num_batches(), eval_order=eval_order(hp.data_dir, manifest, "eval"),
+        num_train=num_train, num_over=num_over, num_eval=num_eval, eval_ids=eval_ids,
+        eval_scores=eval_scores, eval_summaries=eval_summaries, training_state=training_state,
+        new_state=new_state, save_state=tf1.assign(training_state, new_state),
+        new_schedule_total=new_schedule_total,
+        set_schedule_total=step.schedule_total.assign(new_schedule_total),
         weights_finite=weights_finite, saver=tf1.train.Saver(max_to_keep=hp.keep_checkpoints,
                                                              save_relative_paths=True),
         init=tf1.global_variables_initializer())
 
 
 def check_splits(g, hp):
-    """Refuses a training set that the length limits left empty (saying how many pairs they removed) and an empty
-    dev set (whose BLEU means nothing), before anything is written to the logdir."""
+    """Refuses a training set that the length limits left empty (saying how many pairs they removed)
+    and an empty dev set (whose BLEU means nothing), before anything is written to the logdir."""
     if not g.num_train:
-        raise UserError("no training pairs left: all %d pairs of %s are longer than --maxlen1 %d / --maxlen2 %d "
-                        "pieces (with </s>); raise the limits or pass --truncate"
+        raise UserError("no training pairs left: all %d pairs of %s are longer than --maxlen1 %d / "
+                        "--maxlen2 %d pieces (with </s>); raise the limits or pass --truncate"
                         % (g.num_over, hp.data_dir, hp.maxlen1, hp.maxlen2))
     if not g.num_eval:
-        raise UserError("the dev split of %s is empty: rebuild it with prepro.py and a dev set" % hp.data_dir)
+        raise UserError("the dev split of %s is empty: rebuild it with prepro.py and a dev set"
+                        % hp.data_dir)
 
 
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
-    """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises FloatingPointError
-    when a translation's score is not finite (as train_epoch does for non-finite weights)."""
-    hypotheses, summary = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs.x_seqlen, g.eval_num_batches,
-                                         g.eval_order, sp, desc="dev", scores_op=g.eval_scores,
-                                         summary_op=g.eval_summaries)
-    atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch), "".join(h + "\n" for h in hypotheses))
+    """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises
+    FloatingPointError when a translation's score is not finite (as train_epoch does for non-finite
+    weights)."""
+    hypotheses, summary = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs.x_seqlen,
+                                         g.eval_num_batches, g.eval_order, sp, desc="dev",
+                                         scores_op=g.eval_scores, summary_op=g.eval_summaries)
+    atomic_write(os.path.join(hp.logdir, "dev", "epoch%02d.txt" % epoch),
+                 "".join(h + "\n" for h in hypotheses))
     bleu, _ = calc_bleu(references, hypotheses)
     if summary is not None:  # None: an empty dev set (check_splits refuses one)
         writer.add_summary(summary, step)
-    writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(tag="dev_bleu", simple_value=bleu)]), step)
+    writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(tag="dev_bleu", simple_value=bleu)]),
+                       step)
     writer.flush()
     return bleu
 
 
 def evaluate_or_save(sess, g, hp, sp, references, writer, step, epoch, epoch_step, name):
-    """evaluate(), and when it fails, the weights it was scoring saved as NAME-STEP before the error goes on: an
-    evaluation never loses what training did. Not when the failure is about the weights themselves (non-finite
-    decoding scores: FloatingPointError) or is a full disk (DiskFull), where nothing may or can be saved."""
+    """evaluate(), and when it fails, the weights it was scoring saved as NAME-STEP before the error
+    goes on: an evaluation never loses what training did. Not when the failure is about the weights
+    themselves (non-finite decoding scores: FloatingPointError) or is a full disk (DiskFull), where
+    nothing may or can be saved."""
     try:
         return evaluate(sess, g, hp, sp, references, writer, step, epoch)
     except (FloatingPointError, DiskFull):
@@ -195,22 +207,25 @@ def evaluate_or_save(sess, g, hp, sp, references, writer, step, epoch, epoch_ste
 
 
 def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget):
-    """Runs the steps of one epoch from batch epoch_step on, until its end, the budget's last step or deadline (a
-    time.time() value), or a stop request; with several workers, the deadline or a stop request of any of them.
-    Writes the training summaries with writer at every global step that is a multiple of summary_every.
+    """Runs the steps of one epoch from batch epoch_step on, until its end, the budget's last step
+    or deadline (a time.time() value), or a stop request; with several workers, the deadline or a
+    stop request of any of them. Writes the training summaries with writer at every global step that
+    is a multiple of summary_every.
 
     Returns (batches done in this epoch, mean loss, target tokens/s, global step).
-    Raises FloatingPointError on a non-finite loss, or when the weights or optimizer slots are not finite at the
-    end (a non-finite gradient in the last step), so that they are never saved.
+    Raises FloatingPointError on a non-finite loss, or when the weights or optimizer slots are not
+    finite at the end (a non-finite gradient in the last step), so that they are never saved.
     """
     sess.run(g.train_init, {g.epoch: epoch, g.skip: epoch_step})
     total = g.train_num_batches(epoch)
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g.step.global_step)
     progress = Progress(total, "epoch %d" % (epoch + 1), initial=epoch_step, unit="batches")
-    fetches = [g.step.train_op, g.step.loss, g.target_tokens, g.step.summaries]  # the same at every step
+    # the same at every step
+    fetches = [g.step.train_op, g.step.loss, g.target_tokens, g.step.summaries]
     while step < budget.last_step():
-        any_signal, out_of_time = distributed.agree_to_stop(sess, g.step, stop.signal, time.time() >= budget.deadline)
+        any_signal, out_of_time = distributed.agree_to_stop(sess, g.step, stop.signal,
+                                                            time.time() >= budget.deadline)
         if any_signal:
             stop.signal = stop.signal or "a stop request of another worker"
         if any_signal or out_of_time:
@@ -229,25 +244,31 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
         epoch_step += 1
         budget.after_step(step)
         losses.append(loss)
-        if len(losses) == 1:  # once an epoch: the session's first step optimized the graph; hand back what it freed
+        # once an epoch: the session's first step optimized the graph; hand back what it freed
+        if len(losses) == 1:
             runtime.release_freed_memory()
         tokens += batch_tokens
         progress.update(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
     progress.close()
     if not sess.run(g.weights_finite):
-        raise FloatingPointError("the weights are not finite after step %d (epoch %d)" % (step, epoch + 1))
-    return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time() - start), step
+        raise FloatingPointError("the weights are not finite after step %d (epoch %d)"
+                                 % (step, epoch + 1))
+    return epoch_step, float(np.mean(losses)) if losses else float("nan"), tokens / (time.time()
+                                                                                     - start), step
 
 
 def main(argv=None):
     runtime.start_graph_mode()
-    logdir, chief = Hparams(prog="train.py").parser.parse_args(argv).logdir, distributed.is_chief_task()
+    logdir = Hparams(prog="train.py").parser.parse_args(argv).logdir
+    chief = distributed.is_chief_task()
     check_writable_dir(logdir, "logdir")
     with contextlib.ExitStack() as lock:
-        if chief and os.path.isdir(logdir):  # first: its hparams.json may be another run's, being written
+        # first: its hparams.json may be another run's, being written
+        if chief and os.path.isdir(logdir):
             lock.enter_context(logdir_lock(logdir))
         hp, manifest = resolve_hparams(argv)
-        if chief and not os.path.isdir(logdir):  # a new logdir: created once the flags are known to be valid
+        # a new logdir: created once the flags are known to be valid
+        if chief and not os.path.isdir(logdir):
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
         os.makedirs(hp.logdir, exist_ok=True)
@@ -256,14 +277,16 @@ def main(argv=None):
 
 
 def train(hp, manifest, cluster):
-    """Builds the graph, restores or initializes it, and trains until the budget, a signal or an error ends."""
+    """Builds the graph, restores or initializes it, and trains until the budget, a signal or an
+    error ends."""
     g = build_graph(hp, manifest, cluster)
     check_splits(g, hp)
     if cluster.is_chief:
         save_hparams(hp, hp.logdir)
     num_params = save_variable_specs(hp.logdir)
     print("train: %d pairs (%d over maxlen1/maxlen2 %s), dev: %d sentences, model: %d parameters"
-          % (g.num_train, g.num_over, "truncated" if hp.truncate else "skipped", g.num_eval, num_params))
+          % (g.num_train, g.num_over, "truncated" if hp.truncate else "skipped", g.num_eval,
+             num_params))
     sp = spm.SentencePieceProcessor(model_file=bpe_model_path(hp.data_dir, manifest))
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
@@ -283,19 +306,24 @@ def train(hp, manifest, cluster):
             print(idle)
             print("done: step %d, epoch %d, last checkpoint %s" % (step, epoch, last_ckpt))
             return 0
-        events = EventsFile(hp.logdir, None if last_ckpt else sess.graph) if cluster.is_chief else EventsFile()
+        events = EventsFile(hp.logdir, None if last_ckpt
+                            else sess.graph) if cluster.is_chief else EventsFile()
         try:
-            step, epoch, last_ckpt = train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt)
+            step, epoch, last_ckpt = train_loop(sess, g, hp, cluster, stop, budget, events, sp,
+                                                references, last_ckpt)
         except FloatingPointError as error:
             events.writer.close()
             good = last_good_checkpoint(g) or "none: no checkpoint was saved yet"
-            raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a lower --lr, a "
-                            "longer --warmup_steps%s" % (error, good, " or --precision fp32"
-                                                         if hp.precision != "fp32" else "")) from None
+            raise UserError("%s; stopped without saving, the last good checkpoint is %s. Try a "
+                            "lower --lr, a longer --warmup_steps%s"
+                            % (error, good, " or --precision fp32"
+                                                         if hp.precision != "fp32"
+                               else "")) from None
         except (OSError, tf.errors.OpError) as error:  # DiskFull is a UserError, not an OSError
             if not is_disk_full(error):
                 raise
-            raise disk_full(DiskFull("the summaries", events.path or hp.logdir), g, hp, events) from None
+            raise disk_full(DiskFull("the summaries", events.path or hp.logdir), g, hp,
+                            events) from None
         except DiskFull as error:
             raise disk_full(error, g, hp, events) from None
         if stop.signal:
@@ -306,42 +334,50 @@ def train(hp, manifest, cluster):
 
 
 def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt):
-    """Epochs until the budget ends or a stop request: each ends with a dev evaluation (every --eval_every epochs
-    and at the end) and a checkpoint. Returns (global step, epoch, last checkpoint)."""
+    """Epochs until the budget ends or a stop request: each ends with a dev evaluation (every
+    --eval_every epochs and at the end) and a checkpoint. Returns (global step, epoch, last
+    checkpoint)."""
     epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
     step = sess.run(g.step.global_step)
     saved_step = step if last_ckpt else None
     while epoch < hp.num_epochs and step < budget.last_step() and not (
-            distributed.agree_to_stop(sess, g.step, stop.signal, time.time() >= budget.deadline)[1]):
+            distributed.agree_to_stop(sess, g.step, stop.signal,
+                                      time.time() >= budget.deadline)[1]):
         start = time.time()
-        epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step, events.writer,
-                                                           hp.summary_every, stop, budget)
+        epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step,
+                                                           events.writer, hp.summary_every, stop,
+                                                           budget)
         if stop.signal:
             events.writer.close()
-            if not step:  # weights never trained are not worth a checkpoint that tools would take for a model
+            # weights never trained are not worth a checkpoint that tools would take for a model
+            if not step:
                 print("%s: stopped before the first step; nothing to save" % stop.signal)
             elif cluster.is_chief:
                 if saved_step != step:  # never a second checkpoint of one step
                     with stop.phase("finishing the checkpoint being saved"):
                         last_ckpt = save(sess, g, hp, epoch, epoch_step, "interrupted")
-                print("%s: saved %s at step %d; run the same command to resume" % (stop.signal, last_ckpt, step))
+                print("%s: saved %s at step %d; run the same command to resume"
+                      % (stop.signal, last_ckpt, step))
             else:
-                print("%s: stopped at step %d; the chief saves the checkpoint" % (stop.signal, step))
+                print("%s: stopped at step %d; the chief saves the checkpoint"
+                      % (stop.signal, step))
             return step, epoch, last_ckpt
         if epoch_step >= g.train_num_batches(epoch):
             epoch, epoch_step = epoch + 1, 0
         name, report, bleu = "E%02d_L%.2f" % (epoch, loss), "", None
         if not cluster.is_chief:
-            print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task), flush=True)
+            print("epoch %d | step %d | loss %.3f | %s" % (epoch, step, loss, cluster.task),
+                  flush=True)
             continue
         ending = (epoch_step or epoch == hp.num_epochs or step >= budget.last_step()
                   or time.time() >= budget.deadline)
         if (ending or (hp.eval_every and epoch % hp.eval_every == 0)) and not stop.signal:
             eval_start = time.time()
             try:
-                with stop.phase("abandoning the dev evaluation, saving the checkpoint of step %d" % step, True):
-                    bleu = evaluate_or_save(sess, g, hp, sp, references, events.writer, step, epoch, epoch_step,
-                                            name)
+                with stop.phase("abandoning the dev evaluation, saving the checkpoint of step %d"
+                                % step, True):
+                    bleu = evaluate_or_save(sess, g, hp, sp, references, events.writer, step, epoch,
+                                            epoch_step, name)
                 budget.record_eval(time.time() - eval_start)
                 name, report = name + "_B%.2f" % bleu, " | dev BLEU %.2f" % bleu
             except StopNow:
@@ -349,9 +385,12 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
         with stop.phase("finishing the checkpoint being saved"):
             last_ckpt, saved_step = save(sess, g, hp, epoch, epoch_step, name), step
         print("epoch %d | step %d | loss %.3f | %.0f tgt tok/s | %.0f s%s | %s"
-              % (epoch, step, loss, tokens_per_s, time.time() - start, report, os.path.basename(last_ckpt)),
+              % (epoch, step, loss, tokens_per_s, time.time() - start, report,
+                 os.path.basename(last_ckpt)),
               flush=True)
-        stopped = None if bleu is None else early_stop(hp, record_dev_bleu(hp.logdir, last_ckpt, step, bleu))
+        stopped = None if bleu is None else early_stop(hp,
+                                                       record_dev_bleu(hp.logdir, last_ckpt, step,
+                                                                       bleu))
         if stopped:
             print("early stop: %s" % stopped, flush=True)
             break

@@ -1,36 +1,50 @@
-"""Translates raw text with a trained model: sentences given as arguments, a file, or standard input.
+"""Translates raw text with a trained model: sentences given as arguments, a file, or standard
+input.
 
-    python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."   # one line each
-    python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]          # batched, in order
-    python translate.py --logdir runs/multi30k                # standard input: each line printed when done
-    python translate.py --engine ctranslate2 --model ct2/multi30k "Ein Mann schläft."   # export.py --format ctranslate2
-    python translate.py --logdir runs/multi30k --input src.de --score ref.en   # LOGPROB<TAB>NORMALIZED per pair
-    options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH --test_batch_size 128
+    python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."   # one
+        line each
+    python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]          # batched,
+        in order
+    python translate.py --logdir runs/multi30k                # standard input: each line printed
+                                                              # when done
+    python translate.py --engine ctranslate2 --model ct2/multi30k "Ein Mann schläft."   # export.py
+        --format ctranslate2
+    python translate.py --logdir runs/multi30k --input src.de --score ref.en   #
+        LOGPROB<TAB>NORMALIZED per pair
+    options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH --test_batch_size
+    128
 
-The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py (--beam_size,
---alpha, --max_len_a, --max_len_b, --ckpt, --data_dir, --test_batch_size) go on top. Input is UTF-8 raw text,
-cleaned as prepro.py cleans training text (NFC, whitespace runs as one space) and segmented with the data
-dir's bpe.model. With --engine ctranslate2 the model, its bpe.model and decoding settings come from --model DIR.
+The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py
+(--beam_size,
+--alpha, --max_len_a, --max_len_b, --ckpt, --data_dir, --test_batch_size) go on top. Input is UTF-8
+raw text, cleaned as prepro.py cleans training text (NFC, whitespace runs as one space) and
+segmented with the data dir's bpe.model. With --engine ctranslate2 the model, its bpe.model and
+decoding settings come from --model DIR.
 
-Every input line gives exactly one output line (with --nbest N: up to N lines `LINE ||| TRANSLATION ||| SCORE`,
-LINE counted from 0, best first). Notes go to standard error:
+Every input line gives exactly one output line (with --nbest N: up to N lines `LINE ||| TRANSLATION
+||| SCORE`, LINE counted from 0, best first). Notes go to standard error:
   - an empty line gives an empty translation;
-  - a line longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off: it is split into
-    parts that fit, after sentence punctuation (. ! ?) where possible, else after , ; :, else between words,
-    else inside a word; the parts are translated separately and their translations joined with spaces
-    (with --nbest, entry k joins the k-th best of every part, and its score is the sum of their scores);
-  - a file given by --input with invalid UTF-8 is an error naming the line, before anything is translated;
+  - a line longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off: it is
+    split into
+    parts that fit, after sentence punctuation (. ! ?) where possible, else after , ; :, else
+    between words, else inside a word; the parts are translated separately and their translations
+    joined with spaces (with --nbest, entry k joins the k-th best of every part, and its score is
+    the sum of their scores);
+  - a file given by --input with invalid UTF-8 is an error naming the line, before anything is
+    translated;
     on standard input such a line gives an empty translation and a note, and translation goes on.
---output FILE is written beside FILE and renamed into place when translation ends: an interrupted run leaves the
-old FILE (if any) as it was. A link is followed (its target replaced); a device, FIFO, /dev/stdout or /dev/fd/N is
-written directly; the --input file is never an output. --output and --plot_attention are checked before the model
-is loaded.
---score REF (with --input SRC) translates nothing: it prints, for each source line and the reference line of REF
-beside it, `LOGPROB<TAB>NORMALIZED`: log p(reference + </s> | source) under the model (teacher-forced, whole
-lines however long) and that divided by beam search's length penalty ((5 + length) / 6)^alpha, length counting
-</s>: the score --nbest prints for a translation, and what beam search maximizes.
---plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE counted
-from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last decoder block.
+--output FILE is written beside FILE and renamed into place when translation ends: an interrupted
+run leaves the old FILE (if any) as it was. A link is followed (its target replaced); a device,
+FIFO, /dev/stdout or /dev/fd/N is written directly; the --input file is never an output. --output
+and --plot_attention are checked before the model is loaded.
+--score REF (with --input SRC) translates nothing: it prints, for each source line and the reference
+line of REF beside it, `LOGPROB<TAB>NORMALIZED`: log p(reference + </s> | source) under the model
+(teacher-forced, whole lines however long) and that divided by beam search's length penalty ((5 +
+length) / 6)^alpha, length counting </s>: the score --nbest prints for a translation, and what beam
+search maximizes.
+--plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE
+counted from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last
+decoder block.
 """
 import argparse
 import contextlib
@@ -45,36 +59,46 @@ from toolkit import ctranslate2_engine
 from toolkit.errors import UserError, run_cli
 from toolkit.ids import EOS_ID
 from toolkit.outputs import atomic_file, check_not_an_input, check_writable_dir, check_writable_file
-from toolkit.sentences import (nbest_texts, output_lines, prepare, read_input, read_pair, report, stdin_lines,
-                               translated_lines)
+from toolkit.sentences import (nbest_texts, output_lines, prepare, read_input, read_pair, report,
+                               stdin_lines, translated_lines)
 from toolkit.trained_model import TrainedModel, trained_hparams
 from toolkit.translator import Translator, ctranslate2_translator
 
 
 # ---------------------------------------------------------------- flags
 def build_parser():
-    """hparams.py's parser with its decoding flags and the arguments and flags of translate.py alone."""
-    parser = Hparams(DECODING_FLAGS, "translate.py", "Translate raw text with a trained model (see the top of "
+    """hparams.py's parser with its decoding flags and the arguments and flags of translate.py
+    alone."""
+    parser = Hparams(DECODING_FLAGS, "translate.py", "Translate raw text with a trained model (see "
+                     "the top of "
                                                      "translate.py).").parser
     group = parser.add_argument_group("translate.py")
     group.add_argument("sentences", nargs="*", metavar="SENTENCE",
-                       help="sentences to translate; without any, --input FILE or standard input is read")
+                       help="sentences to translate; without any, --input FILE or standard input "
+                       "is read")
     group.add_argument("--input", default="", metavar="FILE",
-                       help="UTF-8 file with one sentence per line, translated in batches of --test_batch_size")
+                       help="UTF-8 file with one sentence per line, translated in batches of "
+                       "--test_batch_size")
     group.add_argument("--output", default="", metavar="FILE",
                        help="write the translations to FILE instead of standard output")
     group.add_argument("--nbest", type=int, default=1, metavar="N",
-                       help="print the N best translations with their scores (needs --beam_size N or more)")
+                       help="print the N best translations with their scores (needs --beam_size N "
+                       "or more)")
     group.add_argument("--plot_attention", default="", metavar="DIR",
-                       help="write attention heat maps (PNG) of every translated line and of the positional "
+                       help="write attention heat maps (PNG) of every translated line and of the "
+                       "positional "
                             "encoding to DIR")
     group.add_argument("--score", default="", metavar="REF",
-                       help="with --input SRC: print LOGPROB<TAB>NORMALIZED of each line of REF as the translation "
-                            "of the line of SRC beside it (forced decoding; NORMALIZED divides by the length penalty "
+                       help="with --input SRC: print LOGPROB<TAB>NORMALIZED of each line of REF as "
+                       "the translation "
+                            "of the line of SRC beside it (forced decoding; NORMALIZED divides by "
+                       "the length penalty "
                             "of --alpha) instead of translating")
     group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
-                       help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the model directory "
-                            "--model written by export.py --format ctranslate2 (its decoding settings, which the "
+                       help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
+                       "model directory "
+                            "--model written by export.py --format ctranslate2 (its decoding "
+                       "settings, which the "
                             "decoding flags override)")
     group.add_argument("--model", default="", metavar="DIR",
                        help="with --engine ctranslate2: the exported model directory")
@@ -82,19 +106,20 @@ def build_parser():
 
 
 def parse_args(argv):
-    """Returns hp (hparams.json of --logdir, or the settings of an exported CTranslate2 --model, with the decoding
-    flags of argv on top) and args (every flag, including those of translate.py alone)."""
+    """Returns hp (hparams.json of --logdir, or the settings of an exported CTranslate2 --model,
+    with the decoding flags of argv on top) and args (every flag, including those of translate.py
+    alone)."""
     args, given = parse_flags(build_parser(), argv, intermixed=True)
     hp = ctranslate2_hparams(args, given) if args.engine == "ctranslate2" else trained_hparams(
         args.logdir, decoding_flags(given))
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     if not (args.sentences or args.input) and sys.stdin is None:
-        raise UserError("standard input is closed and no sentences are given: give sentences as arguments, "
-                        "--input FILE, or text on standard input")
+        raise UserError("standard input is closed and no sentences are given: give sentences as "
+                        "arguments, --input FILE, or text on standard input")
     if not args.output and sys.stdout is None:
-        raise UserError("standard output is closed: pass --output FILE, or let the translations go to standard "
-                        "output")
+        raise UserError("standard output is closed: pass --output FILE, or let the translations go "
+                        "to standard output")
     check_ranges(args, ("nbest",))
     if args.output:
         check_writable_file(args.output, "output")
@@ -102,71 +127,88 @@ def parse_args(argv):
     if args.plot_attention:
         check_writable_dir(args.plot_attention, "plot_attention")
     if args.nbest > hp.beam_size:
-        raise UserError("--nbest %d needs --beam_size %d or more (now %d)" % (args.nbest, args.nbest, hp.beam_size))
+        raise UserError("--nbest %d needs --beam_size %d or more (now %d)"
+                        % (args.nbest, args.nbest, hp.beam_size))
     check_score_flags(args)
     return hp, args
 
 
 def decoding_flags(given):
-    """The decoding flags (hparams.DECODING_FLAGS) among `given`, parse_flags' dict of the flags given."""
+    """The decoding flags (hparams.DECODING_FLAGS) among `given`, parse_flags' dict of the flags
+    given."""
     return {flag: value for flag, value in given.items() if flag in DECODING_FLAGS}
 
 
 def check_score_flags(args):
-    """--score REF scores the lines of --input SRC with the TensorFlow engine, and prints nothing else."""
+    """--score REF scores the lines of --input SRC with the TensorFlow engine, and prints nothing
+    else."""
     if not args.score:
         return
     if not args.input:
-        raise UserError("--score %s needs --input SRC, the source of each of its lines" % args.score)
-    others = [flag for flag, given in (("--nbest", args.nbest > 1), ("--plot_attention", args.plot_attention),
-                                       ("--engine ctranslate2", args.engine == "ctranslate2")) if given]
+        raise UserError("--score %s needs --input SRC, the source of each of its lines"
+                        % args.score)
+    others = [flag for flag,
+              given in (("--nbest", args.nbest > 1), ("--plot_attention", args.plot_attention),
+                                       ("--engine ctranslate2", args.engine == "ctranslate2"))
+              if given]
     if others:
         raise UserError("--score prints scores, not translations: leave out %s" % ", ".join(others))
 
 
 def ctranslate2_hparams(args, given):
-    """The settings of --model DIR (export.py --format ctranslate2) with the decoding flags given on top."""
+    """The settings of --model DIR (export.py --format ctranslate2) with the decoding flags given on
+    top."""
     if not args.model:
-        raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py --format "
-                        "ctranslate2")
+        raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py "
+                        "--format ctranslate2")
     if args.plot_attention:
         raise UserError("--plot_attention needs --engine tensorflow")
     try:
         settings = ctranslate2_engine.read_settings(args.model)
     except (OSError, ValueError):
-        raise UserError("--model %s is not a directory written by export.py --format ctranslate2 (no readable %s)"
+        raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
+                        "(no readable %s)"
                         % (args.model, ctranslate2_engine.SETTINGS_FILE)) from None
-    hp = argparse.Namespace(**{**settings, "test_batch_size": args.test_batch_size, "threads": args.threads})
-    vars(hp).update({flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b") if flag in given})
+    hp = argparse.Namespace(**{**settings, "test_batch_size": args.test_batch_size,
+                               "threads": args.threads})
+    vars(hp).update({flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b")
+                     if flag in given})
     check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
     return hp
 
 
 # ---------------------------------------------------------------- text out
 def attention_plots(directory, sp, d_model):
-    """The writer of --plot_attention DIR's PNGs (matplotlib is imported only when plots are asked for)."""
+    """The writer of --plot_attention DIR's PNGs (matplotlib is imported only when plots are asked
+    for)."""
     from toolkit.attention_plots import AttentionPlots
     return AttentionPlots(directory, sp, d_model)
 
 
 # ---------------------------------------------------------------- modes
 def translate_all(translator, lines, sp, limit, args, plots, out, where):
-    """Translates a list of lines in batches and writes one output line (or n-best block) per line, in order."""
-    for number, (parts, part_results) in enumerate(translated_lines(translator, lines, sp, limit, where), 1):
+    """Translates a list of lines in batches and writes one output line (or n-best block) per line,
+    in order."""
+    for number, (parts,
+                 part_results) in enumerate(translated_lines(translator, lines, sp, limit, where),
+                                            1):
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
 
 
 def score_all(translator, sources, references, sp, out):
-    """Writes `LOGPROB<TAB>NORMALIZED` of each reference line given its source line (--score), in order."""
-    source_ids, target_ids = ([forced_ids(text, sp, where, number) for number, text in enumerate(lines, 1)]
-                              for where, lines in (("--input line", sources), ("--score line", references)))
+    """Writes `LOGPROB<TAB>NORMALIZED` of each reference line given its source line (--score), in
+    order."""
+    source_ids, target_ids = ([forced_ids(text, sp, where, number) for number,
+                               text in enumerate(lines, 1)]
+                              for where,
+                              lines in (("--input line", sources), ("--score line", references)))
     for log_prob, normalized in translator.score(source_ids, target_ids):
         out.write("%.6f\t%.6f\n" % (log_prob, normalized))
 
 
 def forced_ids(text, sp, where, number):
-    """The ids of a whole line (never split: scoring reads it at any length) ending in </s>; an empty line is
-    </s> alone. Notes about it go to stderr."""
+    """The ids of a whole line (never split: scoring reads it at any length) ending in </s>; an
+    empty line is </s> alone. Notes about it go to stderr."""
     parts, notes = prepare(text, sp, math.inf)
     report(where, number, notes if parts else ["is empty: scored as </s> alone"])
     return parts[0] if parts else [EOS_ID]
@@ -177,12 +219,14 @@ def translate_stream(translator, sp, limit, args, plots, out):
     for number, text in enumerate(stdin_lines(), 1):
         parts, notes = prepare(text, sp, limit)
         report("line", number, notes)
-        part_results = run_in_length_batches(translator.run, parts, translator.batch_size) if parts else []
+        part_results = run_in_length_batches(translator.run, parts,
+                                             translator.batch_size) if parts else []
         write_line(out, number, parts, part_results, sp, args.nbest, plots)
 
 
 def write_line(out, number, parts, part_results, sp, nbest, plots):
-    """Writes the translation of input line `number` and flushes; draws its attention with --plot_attention."""
+    """Writes the translation of input line `number` and flushes; draws its attention with
+    --plot_attention."""
     entries = nbest_texts(part_results, sp) if parts else []
     out.write("".join(line + "\n" for line in output_lines(number, entries, nbest)))
     out.flush()
@@ -203,17 +247,21 @@ def main(argv=None):
     else:
         trained = TrainedModel(hp, hp.ckpt)
         sp = trained.sentencepiece()
-        translator = Translator(trained, args.nbest, bool(args.plot_attention), scoring=bool(args.score))
+        translator = Translator(trained, args.nbest, bool(args.plot_attention),
+                                scoring=bool(args.score))
     plots = attention_plots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
     with contextlib.ExitStack() as stack:
         stack.callback(translator.close)
-        # --output FILE is written beside FILE and renamed into place at the end: an interruption keeps the old FILE
-        out = stack.enter_context(atomic_file(args.output, text=True)) if args.output else sys.stdout
+        # --output FILE is written beside FILE and renamed into place at the end: an interruption
+        # keeps the old FILE
+        out = stack.enter_context(atomic_file(args.output,
+                                              text=True)) if args.output else sys.stdout
         if args.score:
             score_all(translator, lines, references, sp, out)
         elif args.input or args.sentences:
-            translate_all(translator, lines, sp, limit, args, plots, out, "line" if args.input else "sentence")
+            translate_all(translator, lines, sp, limit, args, plots, out, "line" if args.input
+                          else "sentence")
         else:
             translate_stream(translator, sp, limit, args, plots, out)
     return 0

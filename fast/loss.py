@@ -1,7 +1,8 @@
-"""The training loss of the output layer (Section 5.4's label-smoothed cross entropy, shared output projection of
-Section 3.4), computed so that no (tokens, V) tensor but the softmax itself is built: the output logits in chunks of
-rows, one softmax per chunk, and the one-hot and uniform parts of the gradient applied where they cost (tokens,) or
-(V,) work. modules.label_smoothing is the plain form the tests hold this one to.
+"""The training loss of the output layer (Section 5.4's label-smoothed cross entropy, shared output
+projection of Section 3.4), computed so that no (tokens, V) tensor but the softmax itself is built:
+the output logits in chunks of rows, one softmax per chunk, and the one-hot and uniform parts of the
+gradient applied where they cost (tokens,) or (V,) work. modules.label_smoothing is the plain form
+the tests hold this one to.
 """
 import tensorflow as tf
 
@@ -9,15 +10,16 @@ from fast import kernels
 
 
 def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
-    """Cross entropy against q = label_smoothing(one_hot(labels)) from one softmax, building no (M, V) targets.
+    """Cross entropy against q = label_smoothing(one_hot(labels)) from one softmax, building no (M,
+    V) targets.
 
     With p = softmax(logits), lse the log-sum-exp of a row and y its label: -sum_v q_v log p_v
-    = lse - (1 - epsilon) logits[y] - epsilon mean_v(logits), and lse = logits[y] - log p_y, so the loss needs
-    only p_y and the row's mean logit (which the caller gets without a pass over V: see output_loss). Its gradient
-    d loss / d logits = p - (1 - epsilon) one_hot(y) - epsilon / V is returned as p alone: the caller applies the
-    one-hot and uniform parts where they cost (M,) or (V,) work instead of (M, V).
-    log p_y is taken of max(p_y, 1e-37): a token the model gives less than that has its loss capped near 85
-    nats (the gradient is exact).
+    = lse - (1 - epsilon) logits[y] - epsilon mean_v(logits), and lse = logits[y] - log p_y, so the
+    loss needs only p_y and the row's mean logit (which the caller gets without a pass over V: see
+    output_loss). Its gradient d loss / d logits = p - (1 - epsilon) one_hot(y) - epsilon / V is
+    returned as p alone: the caller applies the one-hot and uniform parts where they cost (M,) or
+    (V,) work instead of (M, V). log p_y is taken of max(p_y, 1e-37): a token the model gives less
+    than that has its loss capped near 85 nats (the gradient is exact).
     logits: (M, V) float32. labels: (M,) int32. logit_means: (M,) mean_v(logits) of each row.
     Returns losses (M,) and p = softmax(logits) (M, V).
     """
@@ -28,28 +30,32 @@ def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
     return losses, probs
 
 
-def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256, fused_kernels=False):
-    """Summed smoothed_cross_entropy of the output logits hidden @ embeddings^T (Sections 3.4 and 5.4), computed
-    chunk_rows rows at a time together with its gradient.
+def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256,
+                fused_kernels=False):
+    """Summed smoothed_cross_entropy of the output logits hidden @ embeddings^T (Sections 3.4 and
+    5.4), computed chunk_rows rows at a time together with its gradient.
 
-    The (M, V) logits and their softmax are a training step's largest tensors. Here at most (chunk_rows, V) of
-    them exist at once: each chunk's softmax is multiplied into the gradients of hidden and embeddings in the
-    forward pass, and the backward pass only scales those by the upstream gradient. The rest of the logits'
-    gradient, -(1 - epsilon) one_hot(y) - epsilon / V, is added to those gradients directly: -(1 - epsilon) W_y -
-    epsilon mean_v(W_v) for each row of hidden, and -(1 - epsilon) h_i to row y_i of the embeddings' gradient for
-    every token i, -epsilon / V sum_i h_i to each of its rows. Each row's mean logit is h_i . mean_v(W_v).
-    The rows are padded with zeros to a multiple of chunk_rows, so every chunk has one shape whatever M is (oneDNN
-    builds kernels per shape); zero rows add nothing to the embeddings' gradient and their losses are left out of
-    the sum.
-    hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V, d_model) float32,
-    the output projection W. labels: (M,) int32. dtype: of the matrix products (bfloat16 or float16 for mixed
-    precision). fused_kernels: with a 16-bit dtype, each chunk's softmax and losses in one kernel that reads the
-    logits in dtype (kernels.smoothed_cross_entropy), and each chunk's embedding gradient added to the float32 sum
+    The (M, V) logits and their softmax are a training step's largest tensors. Here at most
+    (chunk_rows, V) of them exist at once: each chunk's softmax is multiplied into the gradients of
+    hidden and embeddings in the forward pass, and the backward pass only scales those by the
+    upstream gradient. The rest of the logits' gradient, -(1 - epsilon) one_hot(y) - epsilon / V, is
+    added to those gradients directly: -(1 - epsilon) W_y - epsilon mean_v(W_v) for each row of
+    hidden, and -(1 - epsilon) h_i to row y_i of the embeddings' gradient for every token i,
+    -epsilon / V sum_i h_i to each of its rows. Each row's mean logit is h_i . mean_v(W_v). The rows
+    are padded with zeros to a multiple of chunk_rows, so every chunk has one shape whatever M is
+    (oneDNN builds kernels per shape); zero rows add nothing to the embeddings' gradient and their
+    losses are left out of the sum.
+    hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V,
+    d_model) float32, the output projection W. labels: (M,) int32. dtype: of the matrix products
+    (bfloat16 or float16 for mixed precision). fused_kernels: with a 16-bit dtype, each chunk's
+    softmax and losses in one kernel that reads the logits in dtype
+    (kernels.smoothed_cross_entropy), and each chunk's embedding gradient added to the float32 sum
     in one pass (kernels.accumulate); in any dtype, the labels' rows added into that sum in place
     (kernels.scatter_add_rows). Returns the sum of the M losses, a float32 scalar.
     """
     d_model = hidden.shape[-1]
-    fused = fused_kernels and dtype != tf.float32  # in float32, oneDNN's softmax is as fast without casts
+    # in float32, oneDNN's softmax is as fast without casts
+    fused = fused_kernels and dtype != tf.float32
     rows = tf.shape(hidden)[0]
     padding = -rows % chunk_rows
     real_rows = tf.range(rows + padding) < rows  # (M + padding,)
@@ -61,38 +67,45 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
         mean_embedding = tf.reduce_mean(embeddings, axis=0)  # (d_model,)
         logit_means = tf.linalg.matvec(hidden, mean_embedding)  # (M + padding,)
 
-        def body(start, losses, hidden_grads, embedding_grads):  # losses, hidden_grads: one entry per chunk
+        # losses, hidden_grads: one entry per chunk
+        def body(start, losses, hidden_grads, embedding_grads):
             chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
             logits = tf.matmul(chunk, weights, transpose_b=True)  # (chunk_rows, V) in dtype
-            chunk_labels, chunk_means = labels[start:start + chunk_rows], logit_means[start:start + chunk_rows]
+            chunk_labels, chunk_means = labels[start:start + chunk_rows], logit_means[start:start
+                                                                                      + chunk_rows]
             if fused:
-                chunk_losses, probs = kernels.smoothed_cross_entropy(logits, chunk_labels, chunk_means, epsilon)
+                chunk_losses, probs = kernels.smoothed_cross_entropy(logits, chunk_labels,
+                                                                     chunk_means, epsilon)
             else:
-                chunk_losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32), chunk_labels, chunk_means,
-                                                             epsilon)
+                chunk_losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32),
+                                                             chunk_labels, chunk_means, epsilon)
                 probs = tf.cast(probs, dtype)  # (chunk_rows, V)
             chunk_grads = tf.cast(tf.matmul(probs, weights), tf.float32)  # (chunk_rows, d_model)
             product = tf.matmul(probs, chunk, transpose_a=True)  # (V, d_model) in dtype
             embedding_grads = (kernels.accumulate(embedding_grads, product) if fused
                                else embedding_grads + tf.cast(product, tf.float32))
             index = start // chunk_rows
-            return (start + chunk_rows, losses.write(index, chunk_losses), hidden_grads.write(index, chunk_grads),
-                    embedding_grads)
+            return (start + chunk_rows, losses.write(index, chunk_losses),
+                    hidden_grads.write(index, chunk_grads), embedding_grads)
 
         chunks = tf.shape(hidden)[0] // chunk_rows
         losses = tf.TensorArray(tf.float32, size=chunks, element_shape=[chunk_rows])
         hidden_grads = tf.TensorArray(tf.float32, size=chunks, element_shape=[chunk_rows, d_model])
-        uniform = -epsilon / embeddings.shape[0] * tf.reduce_sum(hidden, axis=0)  # (d_model,), added to every row
+        # (d_model,), added to every row
+        uniform = -epsilon / embeddings.shape[0] * tf.reduce_sum(hidden, axis=0)
         # with the kernels, the sum starts from the uniform part instead of adding it after the loop
-        initial_grads = tf.broadcast_to(uniform, tf.shape(embeddings)) if fused_kernels else tf.zeros_like(embeddings)
+        initial_grads = (tf.broadcast_to(uniform, tf.shape(embeddings)) if fused_kernels
+                         else tf.zeros_like(embeddings))
         _, losses, hidden_grads, embedding_grads = tf.while_loop(
-            lambda start, *_: start < rows, body, [tf.constant(0), losses, hidden_grads, initial_grads],
+            lambda start, *_: start < rows, body,
+            [tf.constant(0), losses, hidden_grads, initial_grads],
             parallel_iterations=1)  # one chunk at a time
         total = tf.reduce_sum(tf.where(real_rows, losses.concat(), 0.0))
         hidden_grads = (hidden_grads.concat() - (1 - epsilon) * tf.gather(embeddings, labels)
                         - epsilon * mean_embedding)  # (M + padding, d_model)
         if fused_kernels:  # each token's row added to its label's row in place
-            embedding_grads = kernels.scatter_add_rows(embedding_grads, labels, hidden, -(1 - epsilon))
+            embedding_grads = kernels.scatter_add_rows(embedding_grads, labels, hidden,
+                                                       -(1 - epsilon))
         else:
             embedding_grads = tf.tensor_scatter_nd_sub(embedding_grads + uniform, labels[:, None],
                                                        (1 - epsilon) * hidden)  # (V, d_model)

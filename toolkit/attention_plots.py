@@ -1,6 +1,7 @@
-"""PNG heat maps of attention weights and of the positional encoding: translate.py --plot_attention DIR and
-plot_attention.py. The only module of the toolkit that imports matplotlib (scripts/plot_recipe.py, the recipe's
-plot, aside), imported only when plots are asked for; it draws with the Agg backend, so no display is needed."""
+"""PNG heat maps of attention weights and of the positional encoding: translate.py --plot_attention
+DIR and plot_attention.py. The only module of the toolkit that imports matplotlib
+(scripts/plot_recipe.py, the recipe's plot, aside), imported only when plots are asked for; it draws
+with the Agg backend, so no display is needed."""
 import math
 import os
 
@@ -27,14 +28,17 @@ MAX_COLUMNS = 4
 def plot_attention_heads(attention, source_pieces, target_pieces, fpath, title=""):
     """One heat map per head, in a grid, saved as a PNG.
 
-    attention: (h, T2, T1) numpy array, weights of target position t over source position s (rows sum to 1).
+    attention: (h, T2, T1) numpy array, weights of target position t over source position s (rows
+    sum to 1).
     source_pieces: T1 labels of the x axis. target_pieces: T2 labels of the y axis.
     """
     num_heads, t2, t1 = attention.shape
     columns = min(num_heads, MAX_COLUMNS)
     rows = math.ceil(num_heads / columns)
-    panel_width, panel_height = 1.8 + 0.22 * t1, 1.6 + 0.22 * t2  # inches: one row or column per piece, and labels
-    fig, axes = plt.subplots(rows, columns, figsize=(columns * panel_width, rows * panel_height + 0.6),
+    # inches: one row or column per piece, and labels
+    panel_width, panel_height = 1.8 + 0.22 * t1, 1.6 + 0.22 * t2
+    fig, axes = plt.subplots(rows, columns,
+                             figsize=(columns * panel_width, rows * panel_height + 0.6),
                              squeeze=False, layout="constrained")
     for head, ax in enumerate(axes.flat):
         if head >= num_heads:
@@ -47,12 +51,14 @@ def plot_attention_heads(attention, source_pieces, target_pieces, fpath, title="
         ax.set_yticks(range(t2))
         ax.set_yticklabels(target_pieces, fontsize=7)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
-    fig.suptitle(title or "cross-attention of the last decoder block (rows: target, columns: source)", fontsize=9)
+    fig.suptitle(title or "cross-attention of the last decoder block (rows: target, columns: "
+                 "source)", fontsize=9)
     save(fig, fpath)
 
 
 def plot_positional_encoding(encoding, fpath):
-    """encoding: (T, d_model) numpy array of the sinusoidal positional encoding. Saves it as a PNG heat map."""
+    """encoding: (T, d_model) numpy array of the sinusoidal positional encoding. Saves it as a PNG
+    heat map."""
     length, d_model = encoding.shape
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     image = ax.imshow(encoding, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto")
@@ -71,7 +77,8 @@ def save(fig, fpath):
 
 
 class AttentionPlots:
-    """Writes the PNGs of --plot_attention DIR: the positional encoding at once, then those of each line."""
+    """Writes the PNGs of --plot_attention DIR: the positional encoding at once, then those of each
+    line."""
 
     def __init__(self, directory, sp, d_model):
         self.directory, self.sp = directory, sp
@@ -85,11 +92,13 @@ class AttentionPlots:
         return [self.sp.id_to_piece(int(i)) for i in ids]
 
     def write(self, number, sources, part_results):
-        """One PNG per part of input line `number`: DIR/NNNN.png, or DIR/NNNN-P.png for a split line."""
+        """One PNG per part of input line `number`: DIR/NNNN.png, or DIR/NNNN-P.png for a split
+        line."""
         for part, (source, (ids, _, attention)) in enumerate(zip(sources, part_results), 1):
             target = [int(i) for i in ids[0] if i != PAD_ID]
             name = "%04d.png" % number if len(sources) == 1 else "%04d-%d.png" % (number, part)
             title = "line %d%s: last decoder block's cross-attention" % (
                 number, "" if len(sources) == 1 else ", part %d" % part)
             plot_attention_heads(attention[:, :len(target), :len(source)], self.pieces(source),
-                                           self.pieces(target), os.path.join(self.directory, name), title)
+                                           self.pieces(target), os.path.join(self.directory, name),
+                                 title)

@@ -1,5 +1,6 @@
-"""The worker thread of serve.py that runs the model: the sentences of the requests that arrive close together
-are translated together, in batches sorted by length; a full queue or a request past its time is refused."""
+"""The worker thread of serve.py that runs the model: the sentences of the requests that arrive
+close together are translated together, in batches sorted by length; a full queue or a request past
+its time is refused."""
 import asyncio
 import concurrent.futures
 import functools
@@ -19,7 +20,8 @@ class ApiError(Exception):
 
 
 class Job:
-    """The model inputs of one request, whether it wants their attention, and the future of their results."""
+    """The model inputs of one request, whether it wants their attention, and the future of their
+    results."""
 
     def __init__(self, sources, attention):
         self.sources, self.attention = sources, attention
@@ -27,37 +29,44 @@ class Job:
 
 
 class Batcher:
-    """A worker thread that runs the model on the sentences of every request: it takes the first waiting job and
-    those that arrive within `wait` seconds, up to batch_size sentences, and runs them together in batches sorted
-    by length (those that want attention apart, with the translator's attention pass). At most queue_size requests
-    wait at once; each waits at most `timeout` seconds."""
+    """A worker thread that runs the model on the sentences of every request: it takes the first
+    waiting job and those that arrive within `wait` seconds, up to batch_size sentences, and runs
+    them together in batches sorted by length (those that want attention apart, with the
+    translator's attention pass). At most queue_size requests wait at once; each waits at most
+    `timeout` seconds."""
 
     def __init__(self, translator, batch_size, wait, queue_size, timeout):
         self.translator, self.batch_size, self.wait = translator, batch_size, wait
         self.queue_size, self.timeout = queue_size, timeout
-        self.pending = 0  # requests waiting or being translated; touched by the event loop's thread only
+        # requests waiting or being translated; touched by the event loop's thread only
+        self.pending = 0
         self.jobs = queue.Queue()
         self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
         self.thread.start()
 
     async def translate(self, sources, attention):
-        """The translator's results of sources, through the worker's queue (429 when it is full, 504 past
+        """The translator's results of sources, through the worker's queue (429 when it is full, 504
+        past
         --timeout)."""
         if not sources:
             return []
         if self.pending >= self.queue_size:
-            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again shortly" % self.pending)
+            raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again "
+                           "shortly" % self.pending)
         self.pending += 1
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)), self.timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)),
+                                          self.timeout)
         except asyncio.TimeoutError:
-            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: send fewer "
+            raise ApiError(504, "the translation took longer than this server's --timeout of %g s: "
+                           "send fewer "
                                 "sentences or try again later" % self.timeout) from None
         finally:
             self.pending -= 1
 
     def submit(self, sources, attention):
-        """Queues one request's model inputs; returns the concurrent future of their translator results."""
+        """Queues one request's model inputs; returns the concurrent future of their translator
+        results."""
         job = Job(sources, attention)
         self.jobs.put(job)
         return job.future
@@ -71,7 +80,8 @@ class Batcher:
         stopping = False
         while not stopping:
             jobs, stopping = self.collect(self.jobs.get())
-            self.run_jobs([job for job in jobs if job.future.set_running_or_notify_cancel()])  # not those timed out
+            # not those timed out
+            self.run_jobs([job for job in jobs if job.future.set_running_or_notify_cancel()])
 
     def collect(self, job):
         """The jobs to run together, from job (None: stop) on; and whether stop was asked."""
@@ -94,10 +104,11 @@ class Batcher:
                 self.run_group(group, attention)
 
     def run_group(self, jobs, attention):
-        """Runs the jobs' sources at once (with the attention pass when attention) and hands each job its results
-        (or the error)."""
+        """Runs the jobs' sources at once (with the attention pass when attention) and hands each
+        job its results (or the error)."""
         try:
-            results = run_in_length_batches(functools.partial(self.translator.run, with_attention=attention),
+            results = run_in_length_batches(functools.partial(self.translator.run,
+                                                              with_attention=attention),
                                             [source for job in jobs for source in job.sources],
                                             self.translator.batch_size)
         except Exception as error:  # noqa: BLE001 (each request answers 500 with it)

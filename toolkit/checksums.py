@@ -1,4 +1,5 @@
-"""Hex sha256 digests of bytes and of files: the fingerprints of a data dir's vocabulary and of downloads."""
+"""Hex sha256 digests of bytes and of files: the fingerprints of a data dir's vocabulary and of
+downloads."""
 import hashlib
 
 

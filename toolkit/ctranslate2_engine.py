@@ -1,22 +1,31 @@
-"""Our Transformer as a CTranslate2 model: conversion of the weights, and translation with the CTranslate2 runtime.
+"""Our Transformer as a CTranslate2 model: conversion of the weights, and translation with the
+CTranslate2 runtime.
 
-CTranslate2 (https://github.com/OpenNMT/CTranslate2) is an inference engine for Transformer models with int8
-weights on CPU. It is optional: this module imports it only inside the functions that need it.
+CTranslate2 (https://github.com/OpenNMT/CTranslate2) is an inference engine for Transformer models
+with int8 weights on CPU. It is optional: this module imports it only inside the functions that need
+it.
 
-A converted model directory holds CTranslate2's files (model.bin, config.json, the vocabularies), the data dir's
-sentencepiece model as bpe.model, and SETTINGS_FILE: the source length limit the model was trained with and the
-decoding settings fixed at export, which translate.py --engine ctranslate2 reads.
+A converted model directory holds CTranslate2's files (model.bin, config.json, the vocabularies),
+the data dir's sentencepiece model as bpe.model, and SETTINGS_FILE: the source length limit the
+model was trained with and the decoding settings fixed at export, which translate.py --engine
+ctranslate2 reads.
 
-How our variables map to CTranslate2's TransformerSpec (its linear weights are (out, in), our kernels (in, out)):
-  shared_weight_matrix/weight_mat, row 0 zeroed  -> encoder and decoder embeddings and the decoder's projection
-  .../multihead_attention, .../self_attention    -> self_attention.linear[0] = [q; k; v] fused, linear[1] = o
-  .../vanilla_attention                          -> attention.linear[0] = q, linear[1] = [k; v] fused, linear[2] = o
-  .../ln (of each sublayer)                      -> the sublayer's layer_norm (on its input when pre-norm, on
-                                                    x + f when post-norm: CTranslate2's pre_norm flag)
+How our variables map to CTranslate2's TransformerSpec (its linear weights are (out, in), our
+kernels (in, out)):
+  shared_weight_matrix/weight_mat, row 0 zeroed  -> encoder and decoder embeddings and the decoder's
+                                                 projection
+  .../multihead_attention, .../self_attention    -> self_attention.linear[0] = [q; k; v] fused,
+                                                 linear[1] = o
+  .../vanilla_attention                          -> attention.linear[0] = q, linear[1] = [k; v]
+                                                 fused, linear[2] = o
+  .../ln (of each sublayer)                      -> the sublayer's layer_norm (on its input when
+                                                 pre-norm, on
+                                                    x + f when post-norm: CTranslate2's pre_norm
+                                                    flag)
   .../positionwise_feedforward/{inner,outer}     -> ffn.linear_0, ffn.linear_1
   {encoder,decoder}/final_ln (pre-norm only)     -> encoder.layer_norm, decoder.layer_norm
-The sinusoidal positions are written out as a table (CTranslate2's own sinusoids put all sines before all cosines;
-ours interleave them, modules.positional_encoding).
+The sinusoidal positions are written out as a table (CTranslate2's own sinusoids put all sines
+before all cosines; ours interleave them, modules.positional_encoding).
 """
 import json
 import os
@@ -44,14 +53,17 @@ def checkpoint_weights(ckpt):
 
 
 def sinusoid_table(length, d_model):
-    """modules.positional_encoding in numpy: (length, d_model), sin on even and cos on odd channels."""
+    """modules.positional_encoding in numpy: (length, d_model), sin on even and cos on odd
+    channels."""
     positions = np.arange(length)[:, None]  # (length, 1)
-    angles = positions * np.power(10000.0, -2.0 * (np.arange(d_model) // 2) / d_model)  # (length, d_model)
+    # (length, d_model)
+    angles = positions * np.power(10000.0, -2.0 * (np.arange(d_model) // 2) / d_model)
     return np.where(np.arange(d_model) % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
 
 
 def _linear(spec, weights, *scopes):
-    """Sets a LinearSpec from the dense layers `scopes` (fused along the outputs when there are several)."""
+    """Sets a LinearSpec from the dense layers `scopes` (fused along the outputs when there are
+    several)."""
     spec.weight = np.concatenate([weights[scope + "/kernel"].T for scope in scopes])  # (out, in)
     spec.bias = np.concatenate([weights[scope + "/bias"] for scope in scopes])
 
@@ -82,8 +94,9 @@ def _feed_forward(spec, weights, scope):
 def transformer_spec(weights, hp, pieces):
     """A ctranslate2.specs.TransformerSpec with our weights.
 
-    weights: {variable name: array} (checkpoint_weights). hp: the model's hparams (num_blocks, num_heads,
-    norm_type, d_model). pieces: the V vocabulary pieces, in id order (source and target share them).
+    weights: {variable name: array} (checkpoint_weights). hp: the model's hparams (num_blocks,
+    num_heads, norm_type, d_model). pieces: the V vocabulary pieces, in id order (source and target
+    share them).
     """
     from ctranslate2 import specs
     pre_norm = hp.norm_type == "pre"
@@ -115,12 +128,14 @@ def transformer_spec(weights, hp, pieces):
 
 
 def write_model(weights, hp, bpe_model, model_dir, quantization="float32", settings=None):
-    """Writes a CTranslate2 model directory: the converted weights (quantized to int8, int16 or float32),
-    bpe_model copied as BPE_MODEL, and `settings` (a dict) as SETTINGS_FILE. model_dir must not exist."""
+    """Writes a CTranslate2 model directory: the converted weights (quantized to int8, int16 or
+    float32), bpe_model copied as BPE_MODEL, and `settings` (a dict) as SETTINGS_FILE. model_dir
+    must not exist."""
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_file=bpe_model)
     if sp.get_piece_size() != hp.vocab_size:
-        raise ValueError("%s has %d pieces, the model %d" % (bpe_model, sp.get_piece_size(), hp.vocab_size))
+        raise ValueError("%s has %d pieces, the model %d"
+                         % (bpe_model, sp.get_piece_size(), hp.vocab_size))
     spec = transformer_spec(weights, hp, [sp.id_to_piece(i) for i in range(hp.vocab_size)])
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -137,16 +152,18 @@ def read_settings(model_dir):
 
 
 class Translator:
-    """Translates batches of source ids with a converted model, with the interface of translate.Translator.
+    """Translates batches of source ids with a converted model, with the interface of
+    translate.Translator.
 
-    Each batch is decoded for at most the longest limit of its sentences, max_len_a * source length + max_len_b
-    steps (counting </s>), since CTranslate2 takes one limit per batch; translate.py batches sources of similar
-    length (data_load.run_in_length_batches), so the limits of a batch are close. <pad> and <s> are never output,
-    as in our decoder.
+    Each batch is decoded for at most the longest limit of its sentences, max_len_a * source length
+    + max_len_b steps (counting </s>), since CTranslate2 takes one limit per batch; translate.py
+    batches sources of similar length (data_load.run_in_length_batches), so the limits of a batch
+    are close. <pad> and <s> are never output, as in our decoder.
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
-        """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's batching)."""
+        """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's
+        batching)."""
         import ctranslate2
         import sentencepiece as spm
         self.settings, self.nbest, self.batch_size = settings, nbest, batch_size
@@ -156,28 +173,33 @@ class Translator:
                                              intra_threads=threads)
 
     def max_steps(self, sources):
-        """The decoding limit of a batch: the longest of ceil(a * source length + b) (decoding.max_decoding_steps)."""
+        """The decoding limit of a batch: the longest of ceil(a * source length + b)
+        (decoding.max_decoding_steps)."""
         settings = self.settings
-        return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids in sources)
+        return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids
+                   in sources)
 
     def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False):
-        """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps at most (the
-        last one may only give </s>; default self.max_steps), min_steps at least; beam_size default the settings'."""
+        """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps
+        at most (the last one may only give </s>; default self.max_steps), min_steps at least;
+        beam_size default the settings'."""
         max_steps = max_steps or self.max_steps(sources)
         return self.engine.translate_batch(
             [[self.sp.id_to_piece(int(i)) for i in ids] for ids in sources],
             beam_size=beam_size or self.settings.beam_size, num_hypotheses=self.nbest,
             length_penalty=self.settings.alpha,
-            max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps - 1,
-            suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True, return_end_token=return_end_token)
+            max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps
+            - 1, suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True,
+            return_end_token=return_end_token)
 
     def run(self, sources):
-        """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T) ending in </s> then
-        0s, scores (K,), None)."""
+        """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T)
+        ending in </s> then 0s, scores (K,), None)."""
         from data_load import pad
         results = []
         for result in self.decode(sources):
-            hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens in result.hypotheses]
+            hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens
+                          in result.hypotheses]
             results.append((pad(hypotheses)[0], np.array(result.scores, np.float32), None))
         return results
 

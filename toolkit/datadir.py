@@ -1,5 +1,6 @@
-"""The data directory that prepro.py writes and every other tool reads: its layout, its manifest (read and written
-here only), the publishing of a complete build, and the checks a tool makes before it reads one.
+"""The data directory that prepro.py writes and every other tool reads: its layout, its manifest
+(read and written here only), the publishing of a complete build, and the checks a tool makes before
+it reads one.
 
 A data directory (default ``data/NAME``) holds::
 
@@ -11,13 +12,14 @@ A data directory (default ``data/NAME``) holds::
     eval.1 eval.2 test.1 test.2
     train.1.bpe ... test.2.bpe    the same lines as sentencepiece pieces joined by single spaces
                                   (an empty line stays empty)
-    train.1.ids, train.1.offsets  the same lines as BPE ids, which training memory-maps (idsfile.py):
+    train.1.ids, train.1.offsets  the same lines as BPE ids, which training memory-maps
+                                  (idsfile.py):
     ... test.2.ids, test.2.offsets  uint16 (int32 from 65536 pieces on), and int64 line offsets
     download/                     cached downloads (multi30k, iwslt2016 only)
 
-A build (databuild.py) is written into a staging directory inside the data directory and its files are renamed
-into place only once all are complete, manifest.json last, so a directory with a manifest is complete, and a
-failed rebuild (--force) leaves the previous build usable.
+A build (databuild.py) is written into a staging directory inside the data directory and its files
+are renamed into place only once all are complete, manifest.json last, so a directory with a
+manifest is complete, and a failed rebuild (--force) leaves the previous build usable.
 """
 import contextlib
 import json
@@ -49,9 +51,9 @@ BPE_VOCAB = "bpe.vocab"
 
 def split_files(split):
     """File names of one split, as listed in the manifest."""
-    return {"raw1": f"{split}.1", "raw2": f"{split}.2", "bpe1": f"{split}.1.bpe", "bpe2": f"{split}.2.bpe",
-            "ids1": f"{split}.1.ids", "ids2": f"{split}.2.ids", "offsets1": f"{split}.1.offsets",
-            "offsets2": f"{split}.2.offsets"}
+    return {"raw1": f"{split}.1", "raw2": f"{split}.2", "bpe1": f"{split}.1.bpe",
+            "bpe2": f"{split}.2.bpe", "ids1": f"{split}.1.ids", "ids2": f"{split}.2.ids",
+            "offsets1": f"{split}.1.offsets", "offsets2": f"{split}.2.offsets"}
 
 
 def output_files(manifest):
@@ -63,15 +65,16 @@ def output_files(manifest):
 
 
 def read_manifest(data_dir):
-    """The manifest of ``data_dir`` as a dict, or None if there is none: how a build tells whether the directory
-    already holds it. The tools that read a data dir call load_manifest."""
+    """The manifest of ``data_dir`` as a dict, or None if there is none: how a build tells whether
+    the directory already holds it. The tools that read a data dir call load_manifest."""
     path = Path(data_dir) / MANIFEST_NAME
     if not path.exists():
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
-        raise UserError(f"{path} is unreadable ({error}); pass --force to rebuild {data_dir}") from None
+        raise UserError(f"{path} is unreadable ({error}); pass --force to rebuild "
+                        f"{data_dir}") from None
 
 
 def build_differences(manifest, options, inputs):
@@ -90,15 +93,16 @@ def build_differences(manifest, options, inputs):
 
 def older_format_message(data_dir, manifest):
     """The line that refuses to reuse a data dir written by an older prepro.py."""
-    return (f"{data_dir} was written by an older prepro.py (manifest format {manifest.get('format')}, now "
-            f"{MANIFEST_FORMAT}): re-run prepro.py with --force to rebuild it")
+    return (f"{data_dir} was written by an older prepro.py (manifest format "
+            f"{manifest.get('format')}, now {MANIFEST_FORMAT}): re-run prepro.py with --force to "
+            f"rebuild it")
 
 
 def is_up_to_date(data_dir, options, inputs, force):
     """True if ``data_dir`` already holds this exact build.
 
-    Raises UserError if it holds another build or one of an older format, unless ``force``: then the old build
-    stays usable until the new one is complete (see publish).
+    Raises UserError if it holds another build or one of an older format, unless ``force``: then the
+    old build stays usable until the new one is complete (see publish).
     """
     manifest_path = Path(data_dir) / MANIFEST_NAME
     if force:
@@ -110,7 +114,8 @@ def is_up_to_date(data_dir, options, inputs, force):
         raise UserError(older_format_message(data_dir, manifest))
     differences = build_differences(manifest, options, inputs)
     if differences:
-        raise UserError(f"{data_dir} was built from other inputs or options ({'; '.join(differences)}): "
+        raise UserError(f"{data_dir} was built from other inputs or options "
+                        f"({'; '.join(differences)}): "
                         "pass another --data_dir, or --force to rebuild it")
     missing = [name for name in output_files(manifest) if not (Path(data_dir) / name).is_file()]
     if missing:
@@ -127,35 +132,43 @@ def check_data_dir(data_dir):
 
 
 def check_inputs_kept(data_dir, inputs):
-    """Refuses input files ({flag: path or None}) that a build of ``data_dir`` would replace (a corpus's train.1
+    """Refuses input files ({flag: path or None}) that a build of ``data_dir`` would replace (a
+    corpus's train.1
     ... test.2 kept in the data dir itself): an input is never an output."""
-    outputs = [MANIFEST_NAME, BPE_MODEL, BPE_VOCAB] + [name for split in SPLITS for name in split_files(split).values()]
+    outputs = [MANIFEST_NAME, BPE_MODEL, BPE_VOCAB] + [name for split in SPLITS for name
+                                                       in split_files(split).values()]
     for flag, path in inputs.items():
-        replaced = next((name for name in outputs if path and same_file(path, Path(data_dir) / name)), None)
+        replaced = next((name for name in outputs if path
+                         and same_file(path, Path(data_dir) / name)), None)
         if replaced:
-            raise UserError(f"--{flag} {path} is {Path(data_dir) / replaced}, a file that prepro.py writes in "
-                            f"--data_dir {data_dir}: move the corpus out of {data_dir}, or pass another --data_dir")
+            raise UserError(f"--{flag} {path} is {Path(data_dir) / replaced}, a file that "
+                            f"prepro.py writes in --data_dir {data_dir}: move the corpus out of "
+                            f"{data_dir}, or pass another --data_dir")
 
 
-#: Prefix of the directory inside --data_dir where a build is written before publish moves it into place.
+#: Prefix of the directory inside --data_dir where a build is written before publish moves it into
+#: place.
 STAGING_PREFIX = ".build-"
 
 
 @contextlib.contextmanager
 def staging_dir(data_dir):
     """A new empty directory inside ``data_dir`` to build in (toolkit.staging.staging_dir:
-    those of killed builds are removed first), while this process holds the data dir's lock: a second prepro.py on it is refused at once, and never
-    removes the staging of the first. A full disk is a line naming data_dir and its free space."""
-    busy = f"{data_dir} is being built by another prepro.py: wait for it to end, stop it, or pass another --data_dir"
+    those of killed builds are removed first), while this process holds the data dir's lock: a
+    second prepro.py on it is refused at once, and never removes the staging of the first. A full
+    disk is a line naming data_dir and its free space."""
+    busy = (f"{data_dir} is being built by another prepro.py: wait for it to end, stop it, or pass "
+            "another --data_dir")
     with exclusive_lock(str(data_dir), None, lambda holder: busy), writing(data_dir), \
             toolkit.staging.staging_dir(data_dir, STAGING_PREFIX) as path:
         yield path
 
 
 def publish(staging, data_dir, manifest):
-    """Move a complete build from ``staging`` into ``data_dir`` under ``manifest``: the old manifest goes first
-    (from then on the directory counts as incomplete), every file is renamed into place, and the new manifest comes
-    last. A build that fails before this point leaves the old build untouched and usable."""
+    """Move a complete build from ``staging`` into ``data_dir`` under ``manifest``: the old manifest
+    goes first (from then on the directory counts as incomplete), every file is renamed into place,
+    and the new manifest comes last. A build that fails before this point leaves the old build
+    untouched and usable."""
     write_json(staging / MANIFEST_NAME, manifest)
     (Path(data_dir) / MANIFEST_NAME).unlink(missing_ok=True)
     for path in sorted(staging.iterdir()):
@@ -183,43 +196,49 @@ def build_manifest(options, processor, inputs, downloads, split_reports, bpe_tra
 
 
 def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
-    """Reads the manifest of data_dir, written last by prepro.py, and checks the files of the data dir that a tool
-    reads (check_files): its sentencepiece model and the files of `splits`. trained_data_dir and logdir (a trained
-    model's) make the message for a missing one say where a relative data dir was looked for."""
+    """Reads the manifest of data_dir, written last by prepro.py, and checks the files of the data
+    dir that a tool reads (check_files): its sentencepiece model and the files of `splits`.
+    trained_data_dir and logdir (a trained model's) make the message for a missing one say where a
+    relative data dir was looked for."""
     fpath = os.path.join(data_dir, MANIFEST_NAME)
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise UserError("--data_dir %s is a file, not a directory: pass the directory that prepro.py wrote"
-                        % data_dir)
+        raise UserError("--data_dir %s is a file, not a directory: pass the directory that "
+                        "prepro.py wrote" % data_dir)
     if not os.path.exists(fpath):
         if data_dir == trained_data_dir and not os.path.isabs(data_dir):
-            raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative to the directory "
-                            "train.py ran in; run from there, or pass --data_dir" % (fpath, os.getcwd(), data_dir,
+            raise UserError("%s not found from %s: the data dir %s in %s/hparams.json is relative "
+                            "to the directory train.py ran in; run from there, or pass --data_dir"
+                            % (fpath, os.getcwd(), data_dir,
                                                                                      logdir))
-        raise UserError("%s not found: run `python prepro.py --data_dir %s` first" % (fpath, data_dir))
-    manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py --data_dir %s "
+        raise UserError("%s not found: run `python prepro.py --data_dir %s` first"
+                        % (fpath, data_dir))
+    manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py "
+                         "--data_dir %s "
                                 "--force` and the options it was built with" % data_dir)
     if not isinstance(manifest, dict) or "splits" not in manifest:
-        raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with `python prepro.py "
-                        "--data_dir %s --force`" % (fpath, data_dir))
+        raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with "
+                        "`python prepro.py --data_dir %s --force`" % (fpath, data_dir))
     check_names(data_dir, fpath, manifest)
     check_files(data_dir, manifest, splits)
     return manifest
 
 
 def check_names(data_dir, fpath, manifest):
-    """Refuses a manifest (read from fpath) whose files are not plain names inside data_dir (an absolute path, a
-    directory above it): paths in metadata stay inside their directory."""
+    """Refuses a manifest (read from fpath) whose files are not plain names inside data_dir (an
+    absolute path, a directory above it): paths in metadata stay inside their directory."""
     names = [(key, manifest.get(key)) for key in ("bpe_model", "bpe_vocab")]
-    names += [("splits.%s.%s" % (split, key), entry[key]) for split, entry in manifest["splits"].items()
-              for key in split_files(split) if key in entry]
+    names += [("splits.%s.%s" % (split, key), entry[key]) for split,
+              entry in manifest["splits"].items() for key in split_files(split) if key in entry]
     for key, name in names:
         if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name:
-            raise UserError("%s: %s is %s, not the name of a file inside %s: rebuild the data dir with `python "
-                            "prepro.py --data_dir %s --force`" % (fpath, key, json.dumps(name), data_dir, data_dir))
+            raise UserError("%s: %s is %s, not the name of a file inside %s: rebuild the data dir "
+                            "with `python prepro.py --data_dir %s --force`"
+                            % (fpath, key, json.dumps(name), data_dir, data_dir))
 
 
 def has_ids(manifest):
-    """Whether the data dir has ids files (format 2); one of format 1 has its splits' ids as .bpe text only."""
+    """Whether the data dir has ids files (format 2); one of format 1 has its splits' ids as .bpe
+    text only."""
     return manifest.get("format", 1) >= 2
 
 
@@ -230,7 +249,8 @@ def split_paths(data_dir, manifest, split):
 
 
 def bpe_model_path(data_dir, manifest):
-    """The path of the data dir's sentencepiece model, which segments text into the vocabulary's pieces."""
+    """The path of the data dir's sentencepiece model, which segments text into the vocabulary's
+    pieces."""
     return os.path.join(data_dir, manifest["bpe_model"])
 
 
@@ -241,17 +261,19 @@ def bpe_vocab_path(data_dir, manifest):
 
 def fingerprint(data_dir, manifest):
     """What ties a model to the data dir it was trained on, as recorded in hparams.json: vocab_size,
-    vocab_sha256 (of its BPE vocabulary: two vocabularies of the same size can still differ) and bpe_sha256 (of
-    its sentencepiece model)."""
-    return {"vocab_size": manifest["vocab_size"], "vocab_sha256": sha256_file(bpe_vocab_path(data_dir, manifest)),
+    vocab_sha256 (of its BPE vocabulary: two vocabularies of the same size can still differ) and
+    bpe_sha256 (of its sentencepiece model)."""
+    return {"vocab_size": manifest["vocab_size"],
+            "vocab_sha256": sha256_file(bpe_vocab_path(data_dir, manifest)),
             "bpe_sha256": sha256_file(bpe_model_path(data_dir, manifest))}
 
 
 def check_vocab(hp, manifest, trained_data_dir):
-    """A model can only read a data dir whose vocabulary and sentencepiece model it was trained with: same size
-    and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs lack the latter), the same files.
-    The data dir's own bpe.model and bpe.vocab agree with each other (check_files), so an older logdir whose data
-    dir had its bpe.model swapped is refused too."""
+    """A model can only read a data dir whose vocabulary and sentencepiece model it was trained
+    with: same size and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs
+    lack the latter), the same files. The data dir's own bpe.model and bpe.vocab agree with each
+    other (check_files), so an older logdir whose data dir had its bpe.model swapped is refused
+    too."""
     remedy = other_vocab_remedy(hp, trained_data_dir)
     if manifest["vocab_size"] != hp.vocab_size:
         raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: %s"
@@ -260,35 +282,42 @@ def check_vocab(hp, manifest, trained_data_dir):
     for key, what in (("vocab_sha256", "BPE vocabulary (%s)" % manifest["bpe_vocab"]),
                       ("bpe_sha256", "sentencepiece model (%s)" % manifest["bpe_model"])):
         if getattr(hp, key, None) not in (None, found[key]):
-            raise UserError("the %s of %s is not the one the model in %s was trained with, although the vocabulary "
-                            "has its size %d: %s" % (what, hp.data_dir, hp.logdir, hp.vocab_size, remedy))
+            raise UserError("the %s of %s is not the one the model in %s was trained with, "
+                            "although the vocabulary has its size %d: %s"
+                            % (what, hp.data_dir, hp.logdir, hp.vocab_size, remedy))
 
 
 def other_vocab_remedy(hp, trained_data_dir):
-    """What to do about a data dir whose vocabulary is not the model's: pass the one it was trained on or, when
-    that is the one given (rebuilt since by prepro.py --force), rebuild it as it was."""
+    """What to do about a data dir whose vocabulary is not the model's: pass the one it was trained
+    on or, when that is the one given (rebuilt since by prepro.py --force), rebuild it as it was."""
     if not same_file(hp.data_dir, trained_data_dir):
-        return "pass the --data_dir it was trained on (%s), or rebuild this one as it was built then" % trained_data_dir
-    return ("%s is the data dir it was trained on, rebuilt since (prepro.py --force) with another vocabulary: the "
-            "model's vocabulary is gone; rebuild it from the same corpus and options as then" % hp.data_dir)
+        return ("pass the --data_dir it was trained on (%s), or rebuild this one as it was built "
+                "then" % trained_data_dir)
+    return ("%s is the data dir it was trained on, rebuilt since (prepro.py --force) with another "
+            "vocabulary: the model's vocabulary is gone; rebuild it from the same corpus and "
+            "options as then" % hp.data_dir)
 
 
 # ----------------------------------------------------------------------------------------------
 # Checking a data directory before it is used
 
 
-#: Ids checked at a time for their range (their pages are handed back after each chunk: idsfile.release_pages).
+#: Ids checked at a time for their range (their pages are handed back after each chunk:
+#: idsfile.release_pages).
 RANGE_CHECK_IDS = 1 << 24
 
 
 def damaged(data_dir, what):
-    """The UserError for a data dir whose file is missing or damaged: what is wrong, and to rebuild it."""
-    return UserError(f"{what}: the data dir is damaged; rebuild it with `python prepro.py --data_dir {data_dir} "
+    """The UserError for a data dir whose file is missing or damaged: what is wrong, and to rebuild
+    it."""
+    return UserError(f"{what}: the data dir is damaged; rebuild it with `python prepro.py "
+                     f"--data_dir {data_dir} "
                      "--force` and the options it was built with")
 
 
 def count_lines(path):
-    """The lines of a text file as read_lines counts them (a last line without '\\n' counts), read in chunks."""
+    """The lines of a text file as read_lines counts them (a last line without '\\n' counts), read
+    in chunks."""
     count, last = 0, b"\n"
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -297,10 +326,11 @@ def count_lines(path):
 
 
 def check_files(data_dir, manifest, splits):
-    """Refuses, with one line naming the file and saying to rebuild with prepro.py --force, a data dir whose
-    sentencepiece model is missing, unreadable or not the one of its bpe.vocab, or where a file of one of
-    ``splits`` is missing, holds another number of lines than the manifest says (each side, the references too)
-    or ids outside the vocabulary. Tools call it before any work: a mismatch found at the end would cost the run."""
+    """Refuses, with one line naming the file and saying to rebuild with prepro.py --force, a data
+    dir whose sentencepiece model is missing, unreadable or not the one of its bpe.vocab, or where a
+    file of one of ``splits`` is missing, holds another number of lines than the manifest says (each
+    side, the references too) or ids outside the vocabulary. Tools call it before any work: a
+    mismatch found at the end would cost the run."""
     data_dir = Path(data_dir)
     files = [manifest["bpe_model"], manifest["bpe_vocab"]]
     keys = ("raw1", "raw2") + (("ids1", "offsets1", "ids2", "offsets2") if has_ids(manifest)
@@ -315,24 +345,29 @@ def check_files(data_dir, manifest, splits):
 
 
 def check_bpe_model(data_dir, manifest):
-    """bpe.model loads, and its pieces are those of bpe.vocab (the vocabulary the model's ids index)."""
+    """bpe.model loads, and its pieces are those of bpe.vocab (the vocabulary the model's ids
+    index)."""
     model_path, vocab_path = data_dir / manifest["bpe_model"], data_dir / manifest["bpe_vocab"]
     try:
         processor = spm.SentencePieceProcessor(model_file=str(model_path))
     except (RuntimeError, OSError) as error:
-        raise damaged(data_dir, f"{model_path} is not a sentencepiece model ({str(error).splitlines()[0][:100]})")
+        raise damaged(data_dir, f"{model_path} is not a sentencepiece model "
+                      f"({str(error).splitlines()[0][:100]})")
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     if pieces != [line.split("\t")[0] for line in iter_lines(vocab_path)]:
-        raise damaged(data_dir, f"{model_path} does not hold the pieces of {vocab_path} (another corpus's model?)")
+        raise damaged(data_dir, f"{model_path} does not hold the pieces of {vocab_path} (another "
+                      f"corpus's model?)")
 
 
 def check_split(data_dir, manifest, split):
-    """Every side of a split, and its references, has the manifest's number of lines; ids are in range."""
+    """Every side of a split, and its references, has the manifest's number of lines; ids are in
+    range."""
     entry, expected = manifest["splits"][split], manifest["splits"][split]["lines"]
     counts = {}
     for side in SIDES:
         if has_ids(manifest):
-            counts[entry[f"offsets{side}"]] = (data_dir / entry[f"offsets{side}"]).stat().st_size // 8 - 1
+            offsets = entry[f"offsets{side}"]
+            counts[offsets] = (data_dir / offsets).stat().st_size // 8 - 1
             check_ids_range(data_dir, data_dir / entry[f"ids{side}"], manifest)
         else:
             counts[entry[f"bpe{side}"]] = count_lines(data_dir / entry[f"bpe{side}"])
@@ -341,7 +376,8 @@ def check_split(data_dir, manifest, split):
     wrong = {name: count for name, count in counts.items() if count != expected}
     if wrong:
         found = ", ".join(f"{name} {count}" for name, count in counts.items())
-        raise damaged(data_dir, f"the {split} split of {data_dir} should have {expected} lines in each file "
+        raise damaged(data_dir, f"the {split} split of {data_dir} should have {expected} lines in "
+                      f"each file "
                                 f"({MANIFEST_NAME}) but has: {found}")
 
 
@@ -351,5 +387,6 @@ def check_ids_range(data_dir, path, manifest):
     for start in range(0, len(ids), RANGE_CHECK_IDS):
         chunk = ids[start:start + RANGE_CHECK_IDS]
         if int(chunk.max()) >= manifest["vocab_size"] or int(chunk.min()) < 0:
-            raise damaged(data_dir, f"{path} holds ids outside the vocabulary's {manifest['vocab_size']} pieces")
+            raise damaged(data_dir, f"{path} holds ids outside the vocabulary's "
+                          f"{manifest['vocab_size']} pieces")
         release_pages(chunk)

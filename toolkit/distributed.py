@@ -1,36 +1,47 @@
-"""Data-parallel training with tf.distribute in TF1 graph mode (sessions), for train.py --distribute.
+"""Data-parallel training with tf.distribute in TF1 graph mode (sessions), for train.py
+--distribute.
 
     cluster = make_cluster(hp, session_config(hp))   # before any graph is built
-    step = build_train(cluster, hp, xs, ys)          # TrainStep: loss, train_op, global_step, schedule end, ...
+    step = build_train(cluster, hp, xs, ys)          # TrainStep: loss, train_op, global_step,
+                                                     # schedule end, ...
     with tf1.Session(cluster.target, config=cluster.config) as sess:
-        agree_on_checkpoint(sess, step, latest_checkpoint_or_None)       # then restore it or initialize
+        agree_on_checkpoint(sess, step, latest_checkpoint_or_None)       # then restore it or
+                                                                         # initialize
         while not any(agree_to_stop(sess, step, signal, out_of_time)):  # before every step
             sess.run(step.train_op)
 
---distribute none         one process, one device: the same step under TensorFlow's default strategy.
---distribute mirrored     one process, several devices (--devices, default every GPU): tf.distribute.MirroredStrategy.
---distribute multiworker  one process per host (or per CPU worker), tf.compat.v1 MultiWorkerMirroredStrategy; the
-                          cluster and this process's place in it come from the TF_CONFIG environment variable, e.g.
-                          {"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}.
-                          Each process serves its part of the graph on a tf.distribute.Server and runs its session
-                          on that server; worker 0 (or the "chief" task) is the chief.
+--distribute none         one process, one device: the same step under TensorFlow's default
+                          strategy.
+--distribute mirrored     one process, several devices (--devices, default every GPU):
+                          tf.distribute.MirroredStrategy.
+--distribute multiworker  one process per host (or per CPU worker), tf.compat.v1
+                          MultiWorkerMirroredStrategy; the
+                          cluster and this process's place in it come from the TF_CONFIG environment
+                          variable, e.g. {"cluster": {"worker": ["host1:2222", "host2:2222"]},
+                          "task": {"type": "worker", "index": 0}}. Each process serves its part of
+                          the graph on a tf.distribute.Server and runs its session on that server;
+                          worker 0 (or the "chief" task) is the chief.
 
-How a step is split. Every process reads the same sequence of global batches (same files, same seed), xs and ys as
-data_load.py makes them, (N, T) each. Replica r of R takes rows [N*r//R, N*(r+1)//R) of the global batch, trimmed to
-its own longest sentence, and its loss is sum of its token losses / non-pad tokens of the GLOBAL batch. The sum of
-these losses over replicas is exactly the per-token loss of a single-process run on the global batch, and so is the
-sum of their gradients, which the optimizer all-reduces (ReduceOp.SUM) before one Adam update per step. The global
-step and the Noam learning rate advance once per global step, as in a single-process run.
+How a step is split. Every process reads the same sequence of global batches (same files, same
+seed), xs and ys as data_load.py makes them, (N, T) each. Replica r of R takes rows [N*r//R,
+N*(r+1)//R) of the global batch, trimmed to its own longest sentence, and its loss is sum of its
+token losses / non-pad tokens of the GLOBAL batch. The sum of these losses over replicas is exactly
+the per-token loss of a single-process run on the global batch, and so is the sum of their
+gradients, which the optimizer all-reduces (ReduceOp.SUM) before one Adam update per step. The
+global step and the Noam learning rate advance once per global step, as in a single-process run.
 
-Variables are mirrored: their checkpoint names are those of a single-process run, so checkpoints move freely between
---distribute none, mirrored and multiworker. In multiworker mode the chief's initial values are broadcast to every
-worker when the variables are initialized; a resumed run restores the chief's checkpoint on every worker, so the
-logdir must be on a file system that every host sees. Only the chief writes checkpoints, summaries and BLEU.
+Variables are mirrored: their checkpoint names are those of a single-process run, so checkpoints
+move freely between
+--distribute none, mirrored and multiworker. In multiworker mode the chief's initial values are
+broadcast to every worker when the variables are initialized; a resumed run restores the chief's
+checkpoint on every worker, so the logdir must be on a file system that every host sees. Only the
+chief writes checkpoints, summaries and BLEU.
 
-All workers must run the same number of steps (each step is a collective operation), so stopping is agreed on:
-before every step the workers all-reduce their stop votes (Ctrl-C, SIGTERM, --max_minutes), and all of them stop
-before that step if any of them voted. A worker that dies makes the next collective of the others fail
-(UnavailableError); restart all of them, they resume from the chief's last checkpoint.
+All workers must run the same number of steps (each step is a collective operation), so stopping is
+agreed on: before every step the workers all-reduce their stop votes (Ctrl-C, SIGTERM,
+--max_minutes), and all of them stop before that step if any of them voted. A worker that dies makes
+the next collective of the others fail (UnavailableError); restart all of them, they resume from the
+chief's last checkpoint.
 """
 import copy
 import json
@@ -48,69 +59,80 @@ tf1 = tf.compat.v1
 
 DISTRIBUTE_MODES = ("none", "mirrored", "multiworker")
 
-#: strategy: a tf.distribute strategy, None for --distribute none. is_chief: this process writes checkpoints,
-#: summaries and BLEU. target, config: what tf1.Session takes. task: e.g. "worker 1 of 2" (for messages).
-#: process_index: 0 for the chief, 1, 2, ... for the other workers (add it to the graph seed, so that their dropout
-#: masks differ; initial values come from the chief anyway).
-#: server: the running tf.distribute.Server of a multiworker process (kept alive by this reference), else None.
+#: strategy: a tf.distribute strategy, None for --distribute none. is_chief: this process writes
+#: checkpoints, summaries and BLEU. target, config: what tf1.Session takes. task: e.g. "worker 1 of
+#: 2" (for messages).
+#: process_index: 0 for the chief, 1, 2, ... for the other workers (add it to the graph seed, so
+#: that their dropout masks differ; initial values come from the chief anyway).
+#: server: the running tf.distribute.Server of a multiworker process (kept alive by this reference),
+#: else None.
 Cluster = namedtuple("Cluster", "strategy is_chief target config task process_index server")
 
-#: A process's vote (a (2,) float64 placeholder) and its mean over the processes of the cluster (the placeholder
-#: itself when this process is the only one).
+#: A process's vote (a (2,) float64 placeholder) and its mean over the processes of the cluster (the
+#: placeholder itself when this process is the only one).
 Vote = namedtuple("Vote", "mine mean")
 
-#: What build_train builds. loss: per target token of the global batch; train_op: one Adam update (and global_step
-#: + 1); summaries: loss, lr, grad_norm, attention image, or an empty string when write_summaries (a bool
-#: placeholder, True unless fed) is False; stop, checkpoint, total: the Votes that agree_to_stop,
-#: agree_on_checkpoint and agree_on_total run.
-TrainStep = namedtuple("TrainStep", "loss train_op global_step schedule_total summaries write_summaries stop checkpoint "
+#: What build_train builds. loss: per target token of the global batch; train_op: one Adam update
+#: (and global_step + 1); summaries: loss, lr, grad_norm, attention image, or an empty string when
+#: write_summaries (a bool placeholder, True unless fed) is False; stop, checkpoint, total: the
+#: Votes that agree_to_stop, agree_on_checkpoint and agree_on_total run.
+TrainStep = namedtuple("TrainStep", "loss train_op global_step schedule_total summaries "
+                       "write_summaries stop checkpoint "
                                     "total")
 
 
 # ---------------------------------------------------------------- strategies
 def parse_devices(devices):
-    """"/gpu:0,/gpu:1" -> ["/gpu:0", "/gpu:1"]; "" -> every visible GPU. Raises UserError with fewer than 2."""
+    """"/gpu:0,/gpu:1" -> ["/gpu:0", "/gpu:1"]; "" -> every visible GPU. Raises UserError with fewer
+    than 2."""
     names = [d.strip() for d in devices.split(",") if d.strip()]
     if not names:
         names = ["/gpu:%d" % i for i in range(len(tf.config.list_physical_devices("GPU")))]
     if len(names) < 2:
-        raise UserError("--distribute mirrored needs at least two devices but found %s: pass --devices, e.g. "
-                        "--devices /gpu:0,/gpu:1 (or /cpu:0,/cpu:1 to try it on a CPU)" % (names or "no GPU"))
+        raise UserError("--distribute mirrored needs at least two devices but found %s: pass "
+                        "--devices, e.g. --devices /gpu:0,/gpu:1 (or /cpu:0,/cpu:1 to try it on a "
+                        "CPU)" % (names or "no GPU"))
     return names
 
 
 def cpu_device_count(devices):
-    """How many CPU devices a session must create for devices (["/cpu:0", "/cpu:1", "/gpu:0"] -> 2)."""
+    """How many CPU devices a session must create for devices (["/cpu:0", "/cpu:1", "/gpu:0"] ->
+    2)."""
     indices = [tf.DeviceSpec.from_string(d).device_index or 0 for d in devices
                if tf.DeviceSpec.from_string(d).device_type.upper() == "CPU"]
     return max(indices, default=0) + 1
 
 
 def read_tf_config():
-    """The TF_CONFIG environment variable as (cluster dict, task type, task index). Raises UserError if it is
-    missing or does not name this task inside the cluster."""
+    """The TF_CONFIG environment variable as (cluster dict, task type, task index). Raises UserError
+    if it is missing or does not name this task inside the cluster."""
     text = os.environ.get("TF_CONFIG", "")
     if not text:
         raise UserError("--distribute multiworker needs the TF_CONFIG environment variable, e.g. "
-                        '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", '
-                        '"index": 0}} (scripts/launch_local_cluster.sh sets it for workers on this machine)')
+                        '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": '
+                        '"worker", "index": 0}} (scripts/launch_local_cluster.sh sets it for '
+                        'workers on this machine)')
     try:
         config = json.loads(text)
-        cluster, task_type, task_index = config["cluster"], config["task"]["type"], int(config["task"]["index"])
+        cluster, task_type = config["cluster"], config["task"]["type"]
+        task_index = int(config["task"]["index"])
     except (ValueError, KeyError, TypeError) as error:
-        raise UserError("TF_CONFIG is not {\"cluster\": {...}, \"task\": {\"type\": ..., \"index\": ...}}: %s (%r)"
-                        % (error, text[:200])) from None
+        raise UserError("TF_CONFIG is not {\"cluster\": {...}, \"task\": {\"type\": ..., "
+                        "\"index\": ...}}: %s (%r)" % (error, text[:200])) from None
     if task_type not in ("chief", "worker"):
-        raise UserError("TF_CONFIG task type is %r; training processes are \"chief\" or \"worker\"" % task_type)
+        raise UserError("TF_CONFIG task type is %r; training processes are \"chief\" or \"worker\""
+                        % task_type)
     if not 0 <= task_index < len(cluster.get(task_type, [])):
-        raise UserError("TF_CONFIG task %s %d is not in its cluster %s" % (task_type, task_index, cluster))
+        raise UserError("TF_CONFIG task %s %d is not in its cluster %s"
+                        % (task_type, task_index, cluster))
     return cluster, task_type, task_index
 
 
 def is_chief_task():
-    """Whether this process writes the logdir, known before the flags are resolved (train.py locks the logdir
-    first): with TF_CONFIG, the "chief" task or, in a cluster without one, worker 0 (as MultiWorkerMirroredStrategy
-    decides); without TF_CONFIG, always. A TF_CONFIG that make_cluster would refuse counts as the chief here."""
+    """Whether this process writes the logdir, known before the flags are resolved (train.py locks
+    the logdir first): with TF_CONFIG, the "chief" task or, in a cluster without one, worker 0 (as
+    MultiWorkerMirroredStrategy decides); without TF_CONFIG, always. A TF_CONFIG that make_cluster
+    would refuse counts as the chief here."""
     if not os.environ.get("TF_CONFIG"):
         return True
     try:
@@ -121,8 +143,8 @@ def is_chief_task():
 
 
 def make_cluster(hp, config):
-    """The strategy of hp.distribute and how to open sessions for it. config: the tf1.ConfigProto to start from
-    (left unchanged; the Cluster holds a copy with what the strategy needs).
+    """The strategy of hp.distribute and how to open sessions for it. config: the tf1.ConfigProto to
+    start from (left unchanged; the Cluster holds a copy with what the strategy needs).
 
     Call it before building the graph: a multiworker process starts its tf.distribute.Server here.
     """
@@ -132,28 +154,32 @@ def make_cluster(hp, config):
     if hp.distribute == "mirrored":
         devices = parse_devices(hp.devices)
         config.device_count["CPU"] = max(config.device_count["CPU"], cpu_device_count(devices))
-        return Cluster(tf.distribute.MirroredStrategy(devices), True, "", config, "mirrored on " + ",".join(devices),
-                       0, None)
+        return Cluster(tf.distribute.MirroredStrategy(devices), True, "", config, "mirrored on "
+                       "" + ",".join(devices), 0, None)
     if hp.distribute != "multiworker":
-        raise UserError("--distribute must be one of %s, not %r" % (", ".join(DISTRIBUTE_MODES), hp.distribute))
+        raise UserError("--distribute must be one of %s, not %r"
+                        % (", ".join(DISTRIBUTE_MODES), hp.distribute))
     cluster, task_type, task_index = read_tf_config()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_index, rpc_layer="grpc")
     strategy = tf1.distribute.experimental.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     config = strategy.update_config_proto(config)
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=task_index, config=config,
-                                  start=True)
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type,
+                                  task_index=task_index, config=config, start=True)
     process_index = task_index + (len(cluster.get("chief", [])) if task_type == "worker" else 0)
     return Cluster(strategy, strategy.extended.should_checkpoint, server.target, config,
-                   "%s %d of %d" % (task_type, task_index, sum(len(tasks) for tasks in cluster.values())),
+                   "%s %d of %d"
+                   % (task_type, task_index, sum(len(tasks) for tasks in cluster.values())),
                    process_index, server)
 
 
 # ---------------------------------------------------------------- the replicated training step
 def replica_rows(num_rows, replica_id, num_replicas):
-    """Rows [start, end) of a global batch of num_rows that replica replica_id of num_replicas trains on.
+    """Rows [start, end) of a global batch of num_rows that replica replica_id of num_replicas
+    trains on.
 
-    Scalars (int or int32 tensors). Rows are dealt in contiguous, nearly equal blocks (sizes differ by at most 1).
+    Scalars (int or int32 tensors). Rows are dealt in contiguous, nearly equal blocks (sizes differ
+    by at most 1).
     """
     return num_rows * replica_id // num_replicas, num_rows * (replica_id + 1) // num_replicas
 
@@ -162,33 +188,37 @@ def replica_batch(xs, ys, replica_id, num_replicas):
     """This replica's share of a global batch, trimmed to its longest source and target.
 
     xs: data_load.Sources, x (N, T1); ys: data_load.Targets, y (N, T2).
-    Returns xs, ys of the same types with n = end - start rows (see replica_rows), (n, t1) and (n, t2).
+    Returns xs, ys of the same types with n = end - start rows (see replica_rows), (n, t1) and (n,
+    t2).
     """
     start, end = replica_rows(tf.shape(xs.x)[0], replica_id, num_replicas)
     x_seqlen, y_seqlen = xs.x_seqlen[start:end], ys.y_seqlen[start:end]
-    t1, t2 = tf.maximum(tf.reduce_max(x_seqlen), 1), tf.maximum(tf.reduce_max(y_seqlen), 1)  # max of () is -2^31
+    # max of () is -2^31
+    t1, t2 = tf.maximum(tf.reduce_max(x_seqlen), 1), tf.maximum(tf.reduce_max(y_seqlen), 1)
     return (Sources(xs.x[start:end, :t1], x_seqlen),
             Targets(ys.decoder_input[start:end, :t2], ys.y[start:end, :t2], y_seqlen))
 
 
 def replica_step(config, xs, ys, optimizer, global_step):
-    """One replica's part of a training step (runs in replica context, once per replica; with --distribute none
-    the one replica takes the whole batch).
+    """One replica's part of a training step (runs in replica context, once per replica; with
+    --distribute none the one replica takes the whole batch).
 
-    xs, ys: the whole global batch. Returns this replica's loss, whose sum over replicas is the per-token loss of the
-    global batch; the op that applies the gradients all-reduced over every replica and increments global_step; this
-    replica's gradients (dense); and its last-block cross-attention (n, h, t2, t1) (Transformer.train).
+    xs, ys: the whole global batch. Returns this replica's loss, whose sum over replicas is the
+    per-token loss of the global batch; the op that applies the gradients all-reduced over every
+    replica and increments global_step; this replica's gradients (dense); and its last-block
+    cross-attention (n, h, t2, t1) (Transformer.train).
     """
     context = tf.distribute.get_replica_context()
     global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys.y, PAD_ID), tf.float32))
     if context.num_replicas_in_sync > 1:
-        xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group, context.num_replicas_in_sync)
+        xs, ys = replica_batch(xs, ys, context.replica_id_in_sync_group,
+                               context.num_replicas_in_sync)
     return build_transformer(config).train(xs, ys, optimizer, global_step, global_tokens)
 
 
 def cluster_mean(cluster, values):
-    """values: (k,) float64, one per process. Returns (k,) their mean over the processes of the cluster: values
-    itself (the same tensor) when this process is the only one."""
+    """values: (k,) float64, one per process. Returns (k,) their mean over the processes of the
+    cluster: values itself (the same tensor) when this process is the only one."""
     if cluster.server is None:
         return values
     return cluster.strategy.reduce(tf.distribute.ReduceOp.MEAN, values, axis=None)
@@ -197,86 +227,101 @@ def cluster_mean(cluster, values):
 def build_train(cluster, hp, xs, ys):
     """The training step of hp.distribute over the global batch xs, ys (data_load.py's layout).
 
-    Returns a TrainStep. Build it before any other part of the model (an evaluation Transformer built
-    afterwards reuses its variables). With --distribute none the step runs under TensorFlow's default strategy:
-    one replica, plain variables, no all-reduce.
+    Returns a TrainStep. Build it before any other part of the model (an evaluation Transformer
+    built afterwards reuses its variables). With --distribute none the step runs under TensorFlow's
+    default strategy: one replica, plain variables, no all-reduce.
     """
     strategy = cluster.strategy or tf.distribute.get_strategy()
     write_summaries = tf1.placeholder_with_default(True, [], name="write_summaries")
-    loss, train_op, global_step, schedule_total, summaries = train_step(strategy, hp, xs, ys, write_summaries)
+    loss, train_op, global_step, schedule_total, summaries = train_step(strategy, hp, xs, ys,
+                                                                        write_summaries)
     votes = [tf1.placeholder(tf.float64, [2]) for _ in range(3)]
     return TrainStep(loss, train_op, global_step, schedule_total, summaries, write_summaries,
                      *(Vote(vote, cluster_mean(cluster, vote)) for vote in votes))
 
 
 def train_step(strategy, hp, xs, ys, write_summaries):
-    """The one training step of every --distribute mode: Adam (model.make_optimizer) on the label-smoothed loss,
-    the global batch xs, ys split over the strategy's replicas (one replica: the default strategy).
+    """The one training step of every --distribute mode: Adam (model.make_optimizer) on the
+    label-smoothed loss, the global batch xs, ys split over the strategy's replicas (one replica:
+    the default strategy).
 
-    Returns loss (per target token of the global batch), train_op, global_step, the variable that holds the
-    learning-rate schedule's end step (model.schedule_total_steps), and the summaries written every
-    --summary_every steps: loss, lr, grad_norm (of the gradient summed over the replicas: another all-reduce) and
-    the first replica's attention image, computed only where write_summaries (a bool scalar) is True, else an
-    empty string. Every step fetches them, so that every step runs the same fetches: a TensorFlow 1 session keeps
-    an optimized copy of the graph, with its own kernels, for each set of fetches it has run.
+    Returns loss (per target token of the global batch), train_op, global_step, the variable that
+    holds the learning-rate schedule's end step (model.schedule_total_steps), and the summaries
+    written every
+    --summary_every steps: loss, lr, grad_norm (of the gradient summed over the replicas: another
+    all-reduce) and the first replica's attention image, computed only where write_summaries (a bool
+    scalar) is True, else an empty string. Every step fetches them, so that every step runs the same
+    fetches: a TensorFlow 1 session keeps an optimized copy of the graph, with its own kernels, for
+    each set of fetches it has run.
     """
     with strategy.scope():
         global_step = tf1.train.get_or_create_global_step()
         optimizer, lr, schedule_total = make_optimizer(hp, global_step)
-        replica_losses, train_op, replica_grads, attention = strategy.extended.call_for_each_replica(
-            replica_step, args=(ModelConfig.from_flags(hp), xs, ys, optimizer, global_step))
+        replica_losses, train_op, replica_grads, attention = (
+            strategy.extended.call_for_each_replica(
+                replica_step, args=(ModelConfig.from_flags(hp), xs, ys, optimizer, global_step)))
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_losses, axis=None)
         train_op = tf.group(strategy.experimental_local_results(train_op))
 
         def step_summaries():
-            grad_norm = tf.linalg.global_norm([strategy.reduce(tf.distribute.ReduceOp.SUM, grad, axis=None)
-                                               for grad in replica_grads])
+            summed = [strategy.reduce(tf.distribute.ReduceOp.SUM, grad, axis=None)
+                      for grad in replica_grads]
+            grad_norm = tf.linalg.global_norm(summed)
             return tf1.summary.merge([
                 tf1.summary.scalar("loss", loss),
                 tf1.summary.scalar("lr", lr),
                 tf1.summary.scalar("grad_norm", grad_norm),
-                tf1.summary.image("attention", attention_image(strategy.experimental_local_results(attention)[0])),
+                tf1.summary.image("attention", attention_image(
+                    strategy.experimental_local_results(attention)[0])),
             ])
         summaries = tf.cond(write_summaries, step_summaries, lambda: tf.constant(""))
     return loss, train_op, global_step, schedule_total, summaries
 
 
-# ---------------------------------------------------------------- agreeing on when to stop and where to start
+# ------------------------------------------------------ agreeing on when to stop and where to start
 def agree_to_stop(sess, step, signal, out_of_time):
     """Every process calls this before every step; it returns the same answer in all of them.
 
-    signal: this process's pending stop request (e.g. "SIGINT") or None. out_of_time: its --max_minutes passed.
+    signal: this process's pending stop request (e.g. "SIGINT") or None. out_of_time: its
+    --max_minutes passed.
     Returns (any process has a stop request, any process is out of time).
     """
     if step.stop.mean is step.stop.mine:  # a single process: nothing to agree on, nothing to run
         return bool(signal), bool(out_of_time)
-    votes = sess.run(step.stop.mean, {step.stop.mine: [float(bool(signal)), float(bool(out_of_time))]})
+    votes = sess.run(step.stop.mean,
+                     {step.stop.mine: [float(bool(signal)), float(bool(out_of_time))]})
     return bool(votes[0] > 0), bool(votes[1] > 0)
 
 
 def agree_on_total(sess, step, total, is_chief):
-    """Every process calls this at the same step with its own estimate of the learning-rate schedule's end step;
-    all of them return the chief's (the one process that times the dev evaluations)."""
+    """Every process calls this at the same step with its own estimate of the learning-rate
+    schedule's end step; all of them return the chief's (the one process that times the dev
+    evaluations)."""
     if step.total.mean is step.total.mine:
         return int(total)
-    chief_total, chiefs = sess.run(step.total.mean, {step.total.mine: [total * is_chief, float(is_chief)]})
+    chief_total, chiefs = sess.run(step.total.mean,
+                                   {step.total.mine: [total * is_chief, float(is_chief)]})
     return int(round(chief_total / chiefs))
 
 
 def checkpoint_fingerprint(ckpt):
-    """A number naming a checkpoint path by its file name (hosts may mount the logdir elsewhere): crc32 of the
-    name modulo 2^24, so that its square is exact in float64; None (no checkpoint) -> -1."""
+    """A number naming a checkpoint path by its file name (hosts may mount the logdir elsewhere):
+    crc32 of the name modulo 2^24, so that its square is exact in float64; None (no checkpoint) ->
+    -1."""
     return -1 if ckpt is None else zlib.crc32(os.path.basename(ckpt).encode("utf-8")) % 2 ** 24
 
 
 def agree_on_checkpoint(sess, step, ckpt):
-    """Every process calls this before restoring or initializing the variables, with the checkpoint it would restore
-    (None to initialize). Raises UserError in every process unless all of them name the same checkpoint (a process
-    that can not see the chief's logdir would otherwise wait forever for the chief's initial values)."""
+    """Every process calls this before restoring or initializing the variables, with the checkpoint
+    it would restore (None to initialize). Raises UserError in every process unless all of them name
+    the same checkpoint (a process that can not see the chief's logdir would otherwise wait forever
+    for the chief's initial values)."""
     if step.checkpoint.mean is step.checkpoint.mine:
         return
     mine = float(checkpoint_fingerprint(ckpt))
     mean, mean_square = sess.run(step.checkpoint.mean, {step.checkpoint.mine: [mine, mine * mine]})
-    if mean != mine or mean_square != mine * mine:  # the mean of squares exceeds the squared mean unless all agree
-        raise UserError("the workers disagree on the checkpoint to resume from (this one: %s); every worker must see "
-                        "the chief's --logdir (a shared file system)" % (ckpt or "none, start from scratch"))
+    # the mean of squares exceeds the squared mean unless all agree
+    if mean != mine or mean_square != mine * mine:
+        raise UserError("the workers disagree on the checkpoint to resume from (this one: %s); "
+                        "every worker must see the chief's --logdir (a shared file system)"
+                        % (ckpt or "none, start from scratch"))

@@ -1,13 +1,14 @@
-"""A request's text as the segments to translate and the text kept around them: every line of plain text, or the
-text runs between the tags of HTML (the tags, comments and the content of script and style kept as written); and
-the document put back together around the segments' translations."""
+"""A request's text as the segments to translate and the text kept around them: every line of plain
+text, or the text runs between the tags of HTML (the tags, comments and the content of script and
+style kept as written); and the document put back together around the segments' translations."""
 import html
 import html.parser
 
 
 class Document:
-    """One q item: the segments to translate, and the text around them that stays (template: strings kept and
-    None for each segment's translation). Text: every line is a segment. HTML: see HtmlSegments."""
+    """One q item: the segments to translate, and the text around them that stays (template: strings
+    kept and None for each segment's translation). Text: every line is a segment. HTML: see
+    HtmlSegments."""
 
     def __init__(self, q, fmt):
         self.fmt = fmt
@@ -18,18 +19,20 @@ class Document:
             self.template, self.segments = parser.template, parser.segments
         else:
             self.segments = q.split("\n")
-            self.template = [None if k % 2 == 0 else "\n" for k in range(2 * len(self.segments) - 1)]
+            self.template = [None if k % 2 == 0 else "\n" for k
+                             in range(2 * len(self.segments) - 1)]
 
     def render(self, translations):
         """The document with its segments replaced by translations (one per segment, in order)."""
-        texts = iter(html.escape(text, quote=False) if self.fmt == "html" else text for text in translations)
+        texts = iter(html.escape(text, quote=False) if self.fmt == "html" else text for text
+                     in translations)
         return "".join(next(texts) if kept is None else kept for kept in self.template)
 
 
 class HtmlSegments(html.parser.HTMLParser):
-    """Splits HTML into its text runs between tags (segments, with entities decoded and surrounding whitespace left
-    out) and the rest, kept as written: tags with their attributes, comments, declarations, whitespace, and the
-    content of script and style."""
+    """Splits HTML into its text runs between tags (segments, with entities decoded and surrounding
+    whitespace left out) and the rest, kept as written: tags with their attributes, comments,
+    declarations, whitespace, and the content of script and style."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
@@ -69,8 +72,9 @@ class HtmlSegments(html.parser.HTMLParser):
 
 
 def document_entries(document, segment_entries):
-    """The n-best of a document: [(text, score)], entry k with every segment's k-th best and the sum of their
-    scores, as far as every segment has a k-th. segment_entries: per segment, nbest_texts' entries."""
+    """The n-best of a document: [(text, score)], entry k with every segment's k-th best and the sum
+    of their scores, as far as every segment has a k-th. segment_entries: per segment, nbest_texts'
+    entries."""
     depth = min(len(entries) for entries in segment_entries) if segment_entries else 1
     return [(document.render([entries[k][0] for entries in segment_entries]),
              sum(entries[k][1] for entries in segment_entries)) for k in range(depth)]

@@ -1,9 +1,13 @@
-"""The binary ids of one side of a split: prepro.py writes them in chunks, data_load.py memory-maps them.
+"""The binary ids of one side of a split: prepro.py writes them in chunks, data_load.py memory-maps
+them.
 
 A side of a split is two files:
-    SPLIT.SIDE.ids      the BPE ids of every line, one line after another, without <s> or </s>: little-endian
-                        uint16 when the vocabulary has fewer than 65536 pieces, else little-endian int32
-    SPLIT.SIDE.offsets  little-endian int64, one more entry than lines: line i is ids[offsets[i]:offsets[i + 1]]
+    SPLIT.SIDE.ids      the BPE ids of every line, one line after another, without <s> or </s>:
+                        little-endian
+                        uint16 when the vocabulary has fewer than 65536 pieces, else little-endian
+                        int32
+    SPLIT.SIDE.offsets  little-endian int64, one more entry than lines: line i is
+                        ids[offsets[i]:offsets[i + 1]]
                         (offsets[0] = 0; an empty line has offsets[i] == offsets[i + 1])
 The dtype of the ids is the manifest's "ids_dtype" (docs/data.md).
 """
@@ -24,7 +28,8 @@ def ids_dtype(vocab_size):
 
 
 class IdsWriter:
-    """Appends lines of ids to SPLIT.SIDE.ids and their offsets to SPLIT.SIDE.offsets, chunk by chunk."""
+    """Appends lines of ids to SPLIT.SIDE.ids and their offsets to SPLIT.SIDE.offsets, chunk by
+    chunk."""
 
     def __init__(self, ids_path, offsets_path, dtype):
         """ids_path, offsets_path: the two files (created or truncated). dtype: see ids_dtype."""
@@ -56,14 +61,14 @@ def map_file(path, dtype):
 
 
 def read_ids(ids_path, offsets_path, dtype):
-    """Memory-map one side: returns (ids (total,) of dtype, offsets (lines + 1,) int64), both read-only; pages
-    are read from disk (or the page cache) when a batch touches them, and every process that maps the files
-    shares them."""
+    """Memory-map one side: returns (ids (total,) of dtype, offsets (lines + 1,) int64), both
+    read-only; pages are read from disk (or the page cache) when a batch touches them, and every
+    process that maps the files shares them."""
     offsets = map_file(offsets_path, OFFSETS_DTYPE)
     dtype = np.dtype(dtype)
     if os.path.getsize(ids_path) != offsets[-1] * dtype.itemsize:
-        raise UserError("%s holds %d bytes but %s ends at id %d: the data dir is damaged; rebuild it with "
-                        "`python prepro.py --force` and the options it was built with"
+        raise UserError("%s holds %d bytes but %s ends at id %d: the data dir is damaged; rebuild "
+                        "it with `python prepro.py --force` and the options it was built with"
                         % (ids_path, os.path.getsize(ids_path), offsets_path, offsets[-1]))
     if offsets[-1] == 0:  # no ids at all: an empty file cannot be mapped
         return np.zeros(0, dtype), offsets
@@ -71,13 +76,14 @@ def read_ids(ids_path, offsets_path, dtype):
 
 
 def release_pages(*arrays):
-    """Take the pages of the memory-mapped arrays (or views of them) out of this process's resident memory. They
-    stay in the kernel's page cache and come back on the next touch without reading the disk. Without this, every
-    page a batch touched (and the pages the kernel maps around it) would count in the process's RSS until the
-    kernel needed the memory: hundreds of MB within a few hundred batches of a large corpus. Other arrays are left
-    alone."""
+    """Take the pages of the memory-mapped arrays (or views of them) out of this process's resident
+    memory. They stay in the kernel's page cache and come back on the next touch without reading the
+    disk. Without this, every page a batch touched (and the pages the kernel maps around it) would
+    count in the process's RSS until the kernel needed the memory: hundreds of MB within a few
+    hundred batches of a large corpus. Other arrays are left alone."""
     for array in arrays:
         while isinstance(array, np.ndarray):
             array = array.base
-        if isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap):  # np.frombuffer's base
+        # np.frombuffer's base
+        if isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap):
             array.obj.madvise(mmap.MADV_DONTNEED)

@@ -1,5 +1,5 @@
-"""Which process holds what: exclusive locks on a file or directory (one writer at a time), the description of a
-lock's holder, and whether a process is alive."""
+"""Which process holds what: exclusive locks on a file or directory (one writer at a time), the
+description of a lock's holder, and whether a process is alive."""
 import contextlib
 import fcntl
 import os
@@ -22,11 +22,12 @@ def process_alive(pid):
 
 @contextlib.contextmanager
 def exclusive_lock(path, holder, busy):
-    """Holds an exclusive lock (fcntl.flock) on ``path`` while the block runs, so that two processes never write
-    one directory: path is a lock file (created if missing) into which ``holder``, a description of this process, is
-    written for others to read, or a directory itself (nothing is written). When another process holds it,
-    raises UserError(busy(its description or "another process")) at once. The kernel releases the lock when the
-    process ends however it ends (SIGKILL too), so nothing left behind ever blocks a later run."""
+    """Holds an exclusive lock (fcntl.flock) on ``path`` while the block runs, so that two processes
+    never write one directory: path is a lock file (created if missing) into which ``holder``, a
+    description of this process, is written for others to read, or a directory itself (nothing is
+    written). When another process holds it, raises UserError(busy(its description or "another
+    process")) at once. The kernel releases the lock when the process ends however it ends (SIGKILL
+    too), so nothing left behind ever blocks a later run."""
     directory = os.path.isdir(path)
     with writing(path):
         fd = os.open(path, os.O_RDONLY if directory else os.O_RDWR | os.O_CREAT, 0o644)
@@ -47,4 +48,5 @@ def exclusive_lock(path, holder, busy):
 
 def process_description(tool):
     """"TOOL process PID on HOST since TIME", for a lock's holder."""
-    return "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))
+    return "%s process %d on %s since %s" % (tool, os.getpid(), socket.gethostname(),
+                                             time.strftime("%Y-%m-%d %H:%M:%S"))

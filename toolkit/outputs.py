@@ -1,6 +1,6 @@
-"""How every output of the toolkit is written: a regular file atomically (written beside it, fsynced, renamed into
-place), a device, FIFO or open file as it is (output_target); and the checks, before any work, that an output path
-can be written and is not an input.
+"""How every output of the toolkit is written: a regular file atomically (written beside it,
+fsynced, renamed into place), a device, FIFO or open file as it is (output_target); and the checks,
+before any work, that an output path can be written and is not an input.
 
 Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings.
 """
@@ -17,8 +17,8 @@ from toolkit.staging import remove_stale
 
 
 def reaches_an_open_file(path):
-    """Whether ``path`` is, or its symbolic links lead through, /proc/PID/fd/N (as /dev/stdout and /dev/fd/N do):
-    a file this process already has open, which its opener owns."""
+    """Whether ``path`` is, or its symbolic links lead through, /proc/PID/fd/N (as /dev/stdout and
+    /dev/fd/N do): a file this process already has open, which its opener owns."""
     path = os.path.abspath(path)
     for _ in range(40):  # the kernel's own limit on a chain of links
         if os.path.realpath(os.path.dirname(path)).startswith("/proc/"):
@@ -30,15 +30,17 @@ def reaches_an_open_file(path):
 
 
 def output_target(path):
-    """How an output at ``path`` is written: (the path to write, whether atomically). Every output of the toolkit
-    is written through this decision (atomic_file):
+    """How an output at ``path`` is written: (the path to write, whether atomically). Every output
+    of the toolkit is written through this decision (atomic_file):
       - a regular file, or a new one: replaced atomically (see atomic_file);
       - a symbolic link: followed, its target replaced atomically and the link kept;
-      - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written directly,
+      - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written
+        directly,
         never replaced, as the program that reads it expects."""
     try:
         mode = os.stat(path).st_mode  # of the link's target
-    except OSError:  # a new file (or a dangling link's new target), or a path that the write will report
+    # a new file (or a dangling link's new target), or a path that the write will report
+    except OSError:
         mode = stat.S_IFREG
     if any(test(mode) for test in STREAMS) or reaches_an_open_file(path):
         return str(path), False
@@ -51,13 +53,14 @@ STREAMS = (stat.S_ISCHR, stat.S_ISBLK, stat.S_ISFIFO, stat.S_ISSOCK)
 
 @contextlib.contextmanager
 def atomic_file(path, text=False):
-    """Yields a file object (binary, or UTF-8 text with '\\n' line endings) to write the output ``path`` with, as
-    output_target decides. A regular file is written on a temporary file beside it; when the block ends, the file is
-    fsynced and renamed into place (with the old file's permissions), so that a reader (or a kill -9) sees the old
-    file or the new one, never a torn one. On any error or interruption (Ctrl-C, SIGTERM: see errors.run_cli) the
-    temporary file is removed and the old file (if any) is untouched. A device, FIFO or open file is opened and
-    written as it is. A full disk is raised as a DiskFull naming ``path``, another OSError of the temporary file as
-    one naming ``path``."""
+    """Yields a file object (binary, or UTF-8 text with '\\n' line endings) to write the output
+    ``path`` with, as output_target decides. A regular file is written on a temporary file beside
+    it; when the block ends, the file is fsynced and renamed into place (with the old file's
+    permissions), so that a reader (or a kill -9) sees the old file or the new one, never a torn
+    one. On any error or interruption (Ctrl-C, SIGTERM: see errors.run_cli) the temporary file is
+    removed and the old file (if any) is untouched. A device, FIFO or open file is opened and
+    written as it is. A full disk is raised as a DiskFull naming ``path``, another OSError of the
+    temporary file as one naming ``path``."""
     target, atomic = output_target(path)
     if not atomic:
         with writing(path), (open(target, "w", encoding="utf-8", newline="\n") if text
@@ -70,12 +73,14 @@ def atomic_file(path, text=False):
     temp_path = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         with writing(path, temporary=temp_path):
-            with open(temp_path, "x", encoding="utf-8", newline="\n") if text else open(temp_path, "xb") as handle:
+            with (open(temp_path, "x", encoding="utf-8", newline="\n") if text
+                  else open(temp_path, "xb")) as handle:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
             with contextlib.suppress(FileNotFoundError):
-                os.chmod(temp_path, stat.S_IMODE(os.stat(target).st_mode))  # the replaced file's permissions
+                # the replaced file's permissions
+                os.chmod(temp_path, stat.S_IMODE(os.stat(target).st_mode))
             os.replace(temp_path, target)
     finally:
         temp_path.unlink(missing_ok=True)
@@ -94,8 +99,9 @@ def write_lines(path, lines):
 
 @contextlib.contextmanager
 def line_writer(path):
-    """Write a new UTF-8 text file line by line: yields write(line), which appends line + '\\n'. The file is
-    flushed to disk when the block ends (a build writes such files into a staging directory: databuild.py)."""
+    """Write a new UTF-8 text file line by line: yields write(line), which appends line + '\\n'. The
+    file is flushed to disk when the block ends (a build writes such files into a staging directory:
+    databuild.py)."""
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         yield lambda line: handle.write(line + "\n")
         handle.flush()
@@ -117,23 +123,26 @@ def nearest_existing(path):
 
 
 def check_writable_dir(path, flag):
-    """Raises UserError unless ``path`` (given as --flag) is, or can be created as, a directory that this process
-    can write files in; creates nothing. Tools call it before any work, so that a bad path never costs a run."""
+    """Raises UserError unless ``path`` (given as --flag) is, or can be created as, a directory that
+    this process can write files in; creates nothing. Tools call it before any work, so that a bad
+    path never costs a run."""
     existing = nearest_existing(path)
     if not existing.is_dir():
-        where = f"{path} is" if existing == Path(os.path.abspath(path)) else f"{existing}, above {path}, is"
+        where = (f"{path} is" if existing == Path(os.path.abspath(path))
+                 else f"{existing}, above {path}, is")
         raise UserError(f"--{flag} {path}: {where} a file, not a directory; pass a directory")
     _probe(existing, flag, path)
 
 
 def check_writable_file(path, flag):
-    """Raises UserError unless ``path`` (given as --flag) names a file, not a directory, in an existing directory
-    that this process can write files in (a symbolic link: its target), or a device, FIFO or open file it may write
-    (see output_target); creates nothing."""
+    """Raises UserError unless ``path`` (given as --flag) names a file, not a directory, in an
+    existing directory that this process can write files in (a symbolic link: its target), or a
+    device, FIFO or open file it may write (see output_target); creates nothing."""
     target, atomic = output_target(path)
     if not atomic:
         if not os.access(target, os.W_OK):
-            raise UserError(f"--{flag} {path}: this process may not write to it (permission denied); pass a path "
+            raise UserError(f"--{flag} {path}: this process may not write to it (permission "
+                            f"denied); pass a path "
                             "it may write")
         return
     path = Path(target)
@@ -141,18 +150,19 @@ def check_writable_file(path, flag):
         raise UserError(f"--{flag} {path} is a directory: name a file")
     if not path.parent.is_dir():
         what = "is a file" if path.parent.exists() else "does not exist"
-        raise UserError(f"--{flag} {path}: its directory {path.parent} {what}; create the directory or name a "
+        raise UserError(f"--{flag} {path}: its directory {path.parent} {what}; create the "
+                        f"directory or name a "
                         "file in one that exists")
     _probe(path.parent, flag, path)
 
 
 def check_not_an_input(output, flag, inputs):
-    """Raises UserError if the output ``output`` (given as --flag) is one of ``inputs`` ({flag: path}), through
-    links and other names: an input is never replaced by an output."""
+    """Raises UserError if the output ``output`` (given as --flag) is one of ``inputs`` ({flag:
+    path}), through links and other names: an input is never replaced by an output."""
     for input_flag, path in inputs.items():
         if path and same_file(output, path):
-            raise UserError(f"--{flag} {output} is the file given as --{input_flag} {path}: it would be replaced "
-                            f"by the output; pass another --{flag}")
+            raise UserError(f"--{flag} {output} is the file given as --{input_flag} {path}: it "
+                            f"would be replaced by the output; pass another --{flag}")
 
 
 def same_file(first, second):
@@ -164,11 +174,12 @@ def same_file(first, second):
 
 
 def _probe(directory, flag, path):
-    """Creates and removes a temporary file in ``directory``: the one test of writability that holds for root, a
-    read-only mount and full quotas alike."""
+    """Creates and removes a temporary file in ``directory``: the one test of writability that holds
+    for root, a read-only mount and full quotas alike."""
     try:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as error:
-        raise UserError(f"--{flag} {path}: cannot write in {directory} ({error.strerror}); pass a path where "
+        raise UserError(f"--{flag} {path}: cannot write in {directory} ({error.strerror}); pass a "
+                        f"path where "
                         "files can be written") from None

@@ -1,6 +1,6 @@
-"""Raw text lines into the model's inputs, and its outputs back into lines: reading an input file, cleaning and
-segmenting a line, splitting one longer than the model was trained on into parts that fit, and joining the parts'
-translations (their n-best entries) into the line's."""
+"""Raw text lines into the model's inputs, and its outputs back into lines: reading an input file,
+cleaning and segmenting a line, splitting one longer than the model was trained on into parts that
+fit, and joining the parts' translations (their n-best entries) into the line's."""
 import sys
 
 import decoding
@@ -21,8 +21,8 @@ CUT_RULES = (
 
 
 def read_input(fpath, flag="input"):
-    """Lines of a UTF-8 file given as --flag ('\\r\\n', a byte-order mark and a missing final newline are fine).
-    Invalid UTF-8 is a UserError naming the line."""
+    """Lines of a UTF-8 file given as --flag ('\\r\\n', a byte-order mark and a missing final
+    newline are fine). Invalid UTF-8 is a UserError naming the line."""
     try:
         with open(fpath, "rb") as f:
             data = f.read()
@@ -32,18 +32,20 @@ def read_input(fpath, flag="input"):
 
 
 def read_pair(source, reference, flags):
-    """The lines of a source file and of its reference file, given as flags (two names); a different number of
-    lines is a UserError."""
+    """The lines of a source file and of its reference file, given as flags (two names); a different
+    number of lines is a UserError."""
     sources, references = read_input(source, flags[0]), read_input(reference, flags[1])
     if len(sources) != len(references):
-        raise UserError("--%s %s has %d lines but --%s %s has %d: give one reference line per source line"
+        raise UserError("--%s %s has %d lines but --%s %s has %d: give one reference line per "
+                        "source line"
                         % (flags[0], source, len(sources), flags[1], reference, len(references)))
     return sources, references
 
 
 def stdin_lines():
-    """Yields each line of standard input as soon as it is complete, without its line ending; None for a line
-    that is not valid UTF-8. Shows a prompt on stderr when standard input is a terminal."""
+    """Yields each line of standard input as soon as it is complete, without its line ending; None
+    for a line that is not valid UTF-8. Shows a prompt on stderr when standard input is a
+    terminal."""
     interactive = sys.stdin.isatty()
     if interactive:
         print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr)
@@ -62,8 +64,9 @@ def stdin_lines():
 
 
 def best_cut(pieces, limit):
-    """Where to cut pieces (longer than limit): (k in 1..limit, so that pieces[:k] is the first part, and the
-    CUT_RULES description of the cut). The best kind of cut wins; among equals, the longest first part."""
+    """Where to cut pieces (longer than limit): (k in 1..limit, so that pieces[:k] is the first
+    part, and the CUT_RULES description of the cut). The best kind of cut wins; among equals, the
+    longest first part."""
     for description, allowed in CUT_RULES:
         for k in range(limit, 0, -1):
             if allowed(pieces, k):
@@ -84,8 +87,9 @@ def split_pieces(pieces, limit):
 
 
 def prepare(text, sp, limit):
-    """Raw text -> (parts, notes): parts is a list of source id lists, each ending in </s> and at most limit + 1
-    long ([] for an empty line); notes are the things to tell the user about this line."""
+    """Raw text -> (parts, notes): parts is a list of source id lists, each ending in </s> and at
+    most limit + 1 long ([] for an empty line); notes are the things to tell the user about this
+    line."""
     if text is None:
         return [], ["is not valid UTF-8; printed an empty line"]
     pieces = sp.encode(clean_line(text), out_type=str)
@@ -94,19 +98,21 @@ def prepare(text, sp, limit):
     notes = []
     unknown = sorted({p for p in pieces if sp.piece_to_id(p) == UNK_ID})
     if unknown:
-        notes.append("has pieces outside the model's vocabulary, read as <unk>: %s" % " ".join(unknown))
+        notes.append("has pieces outside the model's vocabulary, read as <unk>: %s"
+                     % " ".join(unknown))
     piece_parts, cuts = split_pieces(pieces, limit)
     if cuts:
         kinds = [description for description, _ in CUT_RULES if description in cuts]
-        notes.append("has %d pieces, more than the %d (and </s>) the model was trained on (--maxlen1 %d): "
-                     "translated in %d parts, cut %s" % (len(pieces), limit, limit + 1, len(piece_parts),
+        notes.append("has %d pieces, more than the %d (and </s>) the model was trained on "
+                     "(--maxlen1 %d): translated in %d parts, cut %s"
+                     % (len(pieces), limit, limit + 1, len(piece_parts),
                                                          ", ".join(kinds)))
     return [[sp.piece_to_id(p) for p in part] + [EOS_ID] for part in piece_parts], notes
 
 
 def nbest_texts(part_results, sp):
-    """part_results: the translator's results of one line's parts. Returns [(text, score)], best first: entry k
-    joins the k-th best translation of every part, with the sum of their scores."""
+    """part_results: the translator's results of one line's parts. Returns [(text, score)], best
+    first: entry k joins the k-th best translation of every part, with the sum of their scores."""
     texts = [postprocess(ids, sp) for ids, _, _ in part_results]  # per part, K texts
     entries = []
     for k in range(len(texts[0])):
@@ -117,8 +123,9 @@ def nbest_texts(part_results, sp):
 
 
 def output_lines(number, entries, nbest):
-    """The lines printed for input line `number` (1-based): the best text, or with nbest > 1 up to nbest lines
-    `number-1 ||| text ||| score`. entries: [(text, score)], best first; [] for an empty line."""
+    """The lines printed for input line `number` (1-based): the best text, or with nbest > 1 up to
+    nbest lines `number-1 ||| text ||| score`. entries: [(text, score)], best first; [] for an empty
+    line."""
     if nbest == 1:
         return [entries[0][0] if entries else ""]
     return ["%d ||| %s ||| %.4f" % (number - 1, text, score) for text, score in entries] or [
@@ -132,13 +139,14 @@ def report(where, number, notes):
 
 
 def translated_lines(translator, lines, sp, limit, where):
-    """Translates a list of lines in batches; yields each line's parts and their results (Translator.run), in
-    order. Notes about the lines go to stderr, `where` naming them."""
+    """Translates a list of lines in batches; yields each line's parts and their results
+    (Translator.run), in order. Notes about the lines go to stderr, `where` naming them."""
     prepared = [prepare(text, sp, limit) for text in lines]
     for number, (_, notes) in enumerate(prepared, 1):
         report(where, number, notes)
     sources = [source for parts, _ in prepared for source in parts]
-    results = iter(run_in_length_batches(translator.run, sources, translator.batch_size, progress=True))
+    results = iter(run_in_length_batches(translator.run, sources, translator.batch_size,
+                                         progress=True))
     for parts, _ in prepared:
         yield parts, [next(results) for _ in parts]
 
@@ -146,4 +154,5 @@ def translated_lines(translator, lines, sp, limit, where):
 def best_translations(translator, lines, sp, limit, where):
     """The best translation of each of a list of lines, in order ("" for an empty line)."""
     return [output_lines(number, nbest_texts(part_results, sp) if parts else [], 1)[0]
-            for number, (parts, part_results) in enumerate(translated_lines(translator, lines, sp, limit, where), 1)]
+            for number, (parts, part_results)
+            in enumerate(translated_lines(translator, lines, sp, limit, where), 1)]

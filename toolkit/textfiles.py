@@ -1,5 +1,6 @@
-"""Reading text files: UTF-8 lines one at a time ('\\r\\n', a missing final newline, a byte-order mark and gzip
-compression are fine; invalid UTF-8 is a line naming where), JSON, and the cleaning every input line gets."""
+"""Reading text files: UTF-8 lines one at a time ('\\r\\n', a missing final newline, a byte-order
+mark and gzip compression are fine; invalid UTF-8 is a line naming where), JSON, and the cleaning
+every input line gets."""
 import gzip
 import io
 import json
@@ -14,8 +15,8 @@ UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def lines_of(handle, name):
-    """Yield the lines of a binary file object as str, one at a time, without their '\\n' or '\\r\\n'; a
-    missing final newline and a byte-order mark are fine.
+    """Yield the lines of a binary file object as str, one at a time, without their '\\n' or
+    '\\r\\n'; a missing final newline and a byte-order mark are fine.
 
     Raises UserError naming ``name``, the line and the byte column on invalid UTF-8.
     """
@@ -27,8 +28,9 @@ def lines_of(handle, name):
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise UserError(f"{name}: line {line_number} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at "
-                            f"byte column {error.start + 1}); convert the file to UTF-8 (e.g. with iconv)") from None
+            raise UserError(f"{name}: line {line_number} is not valid UTF-8 (byte "
+                            f"0x{raw[error.start]:02x} at byte column {error.start + 1}); convert "
+                            f"the file to UTF-8 (e.g. with iconv)") from None
 
 
 def decode_lines(data, name):
@@ -41,7 +43,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def gunzip(data, name):
-    """``data`` unpacked if it is gzip-compressed (whatever the file is called), else ``data`` itself.
+    """``data`` unpacked if it is gzip-compressed (whatever the file is called), else ``data``
+    itself.
 
     Raises UserError naming ``name`` if it is a damaged gzip file.
     """
@@ -54,9 +57,9 @@ def gunzip(data, name):
 
 
 def iter_lines(path):
-    """Yield the lines of a UTF-8 text file, gzip-compressed or not (whatever it is called), one at a time
-    (see lines_of): a file of any size is read in constant memory. Raises UserError on a missing, unreadable
-    or damaged file."""
+    """Yield the lines of a UTF-8 text file, gzip-compressed or not (whatever it is called), one at
+    a time (see lines_of): a file of any size is read in constant memory. Raises UserError on a
+    missing, unreadable or damaged file."""
     try:
         with open(path, "rb") as raw:
             handle = gzip.GzipFile(fileobj=raw) if raw.read(2) == GZIP_MAGIC else raw
@@ -83,10 +86,11 @@ def clean_line(line):
 
 
 def read_json(fpath, remedy):
-    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a UserError naming it,
-    what is wrong and `remedy`, what to do about it."""
+    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a
+    UserError naming it, what is wrong and `remedy`, what to do about it."""
     try:
         with open(fpath, encoding="utf-8") as f:
             return json.load(f)
     except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
-        raise UserError("%s is not valid JSON (%s): %s" % (fpath, str(error).splitlines()[0][:120], remedy)) from None
+        raise UserError("%s is not valid JSON (%s): %s"
+                        % (fpath, str(error).splitlines()[0][:120], remedy)) from None

@@ -1,25 +1,26 @@
-"""A training run's checkpoints: the newest restored or the variables initialized (from --init_from's weights when
-fine-tuning), each save made so that a full disk leaves nothing half-written, and the last good checkpoint named
-when training stops on an error."""
+"""A training run's checkpoints: the newest restored or the variables initialized (from
+--init_from's weights when fine-tuning), each save made so that a full disk leaves nothing
+half-written, and the last good checkpoint named when training stops on an error."""
 import os
 
 import tensorflow as tf
 
 from toolkit import distributed
 from toolkit.errors import DiskFull, UserError, is_disk_full
-from toolkit.logdir import (checkpoint_state, find_checkpoint, is_averaged, remove_partial_checkpoints, restore,
-                            restore_weights)
+from toolkit.logdir import (checkpoint_state, find_checkpoint, is_averaged,
+                            remove_partial_checkpoints, restore, restore_weights)
 from toolkit.train_flags import init_source
 
 tf1 = tf.compat.v1
 
 
 def restore_or_init(sess, g, logdir, init_from=""):
-    """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir has none,
-    initializes the variables (returns None). Averaged checkpoints (avg_*, see avg_checkpoints.py) are passed over:
-    training goes on from where it stopped, and the Saver never rotates them away. A newest checkpoint that is
-    missing or unreadable is a UserError, never a fresh start. Every worker must agree on the checkpoint.
-    Initialized, the weights come from the checkpoint of init_from (--init_from) if given."""
+    """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir
+    has none, initializes the variables (returns None). Averaged checkpoints (avg_*, see
+    avg_checkpoints.py) are passed over: training goes on from where it stopped, and the Saver never
+    rotates them away. A newest checkpoint that is missing or unreadable is a UserError, never a
+    fresh start. Every worker must agree on the checkpoint. Initialized, the weights come from the
+    checkpoint of init_from (--init_from) if given."""
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
@@ -29,7 +30,8 @@ def restore_or_init(sess, g, logdir, init_from=""):
         if init_from:
             _, source = init_source(init_from)
             restore_weights(sess, source, "--init_from %s (%s)" % (init_from, source))
-            print("weights from %s; optimizer and learning-rate schedule start afresh at step 0" % source)
+            print("weights from %s; optimizer and learning-rate schedule start afresh at step 0"
+                  % source)
         return None
     restore(sess, ckpt, logdir, g.saver)
     g.saver.recover_last_checkpoints(trained)
@@ -52,15 +54,17 @@ def save(sess, g, hp, epoch, epoch_step, name):
 
 
 def last_good_checkpoint(g):
-    """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or None."""
+    """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or
+    None."""
     existing = [path for path in g.saver.last_checkpoints if tf1.train.checkpoint_exists(path)]
     return existing[-1] if existing else None
 
 
 def disk_full(error, g, hp, events):
-    """The UserError for a full disk (error, a DiskFull) once what was half-written is gone: a torn summary record
-    and the files of a checkpoint being written; the last good checkpoint stays."""
+    """The UserError for a full disk (error, a DiskFull) once what was half-written is gone: a torn
+    summary record and the files of a checkpoint being written; the last good checkpoint stays."""
     events.cut_off()
     remove_partial_checkpoints(hp.logdir)
-    return UserError("%s; removed what was half-written, the last good checkpoint %s is untouched: free some space "
-                     "and run the same command to resume" % (error, last_good_checkpoint(g) or "(none yet)"))
+    return UserError("%s; removed what was half-written, the last good checkpoint %s is untouched: "
+                     "free some space and run the same command to resume"
+                     % (error, last_good_checkpoint(g) or "(none yet)"))

@@ -1,5 +1,6 @@
-"""train.py's flags that come from elsewhere than its command line: --config FILE (another run's hparams.json, or
-a JSON object of flag values) and --init_from (the model shape and vocabulary of the run a new one starts from)."""
+"""train.py's flags that come from elsewhere than its command line: --config FILE (another run's
+hparams.json, or a JSON object of flag values) and --init_from (the model shape and vocabulary of
+the run a new one starts from)."""
 import os
 
 from hparams import MODEL_FLAGS, Hparams, type_error
@@ -9,24 +10,28 @@ from toolkit.logdir import HPARAMS_NAME, check_trained, find_checkpoint, load_tr
 from toolkit.textfiles import read_json
 
 
-#: Keys of a hparams.json that --config passes over: the data dir's fingerprint (train.py records the data dir's
-#: own), the run's logdir (a new run's comes from the command line) and the file that run itself was given.
+#: Keys of a hparams.json that --config passes over: the data dir's fingerprint (train.py records
+#: the data dir's own), the run's logdir (a new run's comes from the command line) and the file that
+#: run itself was given.
 CONFIG_SKIPPED = ("vocab_size", "vocab_sha256", "bpe_sha256", "logdir", "config")
 
 
 def config_flags(fpath):
-    """The flags of --config FILE: another run's hparams.json, or a JSON object of flag values, without
-    CONFIG_SKIPPED; each value's type checked. A key that is no flag of train.py is a UserError naming it."""
+    """The flags of --config FILE: another run's hparams.json, or a JSON object of flag values,
+    without CONFIG_SKIPPED; each value's type checked. A key that is no flag of train.py is a
+    UserError naming it."""
     if not os.path.isfile(fpath):
-        raise UserError("--config %s not found: pass a JSON file of flag values, e.g. a run's hparams.json" % fpath)
+        raise UserError("--config %s not found: pass a JSON file of flag values, e.g. a run's "
+                        "hparams.json" % fpath)
     values = read_json(fpath, "fix it, or pass another --config")
     if not isinstance(values, dict):
-        raise UserError("--config %s is not a JSON object of flag values ({\"flag\": value, ...})" % fpath)
+        raise UserError("--config %s is not a JSON object of flag values ({\"flag\": value, ...})"
+                        % fpath)
     flags = {action.dest for action in Hparams().parser._actions if action.dest != "help"}
     for key in values:
         if key not in flags and key not in CONFIG_SKIPPED:
-            raise UserError("--config %s: unknown key \"%s\", not a flag of train.py: remove it (train.py --help "
-                            "lists the flags)" % (fpath, key))
+            raise UserError("--config %s: unknown key \"%s\", not a flag of train.py: remove it "
+                            "(train.py --help lists the flags)" % (fpath, key))
     problem = type_error(values, fpath)
     if problem:
         raise UserError(problem)
@@ -34,12 +39,12 @@ def config_flags(fpath):
 
 
 def init_source(path):
-    """(hyperparameters, checkpoint) of --init_from PATH: a logdir and its latest checkpoint, or a checkpoint (best:
-    the best by dev BLEU) and the logdir it is in."""
+    """(hyperparameters, checkpoint) of --init_from PATH: a logdir and its latest checkpoint, or a
+    checkpoint (best: the best by dev BLEU) and the logdir it is in."""
     logdir = path if os.path.isdir(path) else os.path.dirname(path) or "."
     if not os.path.exists(os.path.join(logdir, HPARAMS_NAME)):
-        raise UserError("--init_from %s is neither a logdir written by train.py nor a checkpoint in one (no %s in %s)"
-                        % (path, HPARAMS_NAME, logdir))
+        raise UserError("--init_from %s is neither a logdir written by train.py nor a checkpoint "
+                        "in one (no %s in %s)" % (path, HPARAMS_NAME, logdir))
     source = load_trained_hparams(logdir, {})
     ckpt = find_checkpoint(logdir, "" if os.path.isdir(path) else path)
     check_trained(ckpt, logdir)
@@ -47,25 +52,28 @@ def init_source(path):
 
 
 def init_model_flags(given, source):
-    """The model-shape flags (hparams.MODEL_FLAGS but the vocabulary's size, which comes from the data dir) of the
+    """The model-shape flags (hparams.MODEL_FLAGS but the vocabulary's size, which comes from the
+    data dir) of the
     --init_from run `source`; a flag given with another value is a UserError naming it."""
     shape = {flag: getattr(source, flag) for flag in MODEL_FLAGS if flag != "vocab_size"}
     for flag, value in shape.items():
         if flag in given and given[flag] != value:
-            raise UserError("--init_from %s holds a model with --%s %s but this run asks for %s: leave --%s out (it "
-                            "defaults to that model's) or train without --init_from"
-                            % (given["init_from"], flag, value, given[flag], flag))
+            raise UserError("--init_from %s holds a model with --%s %s but this run asks for %s: "
+                            "leave --%s out (it defaults to that model's) or train without "
+                            "--init_from" % (given["init_from"], flag, value, given[flag], flag))
     return shape
 
 
 def check_init_vocab(hp, source):
-    """The data dir (its fingerprint recorded in hp) must have the vocabulary that the --init_from run `source` was
-    trained with, where its hparams.json records it."""
-    for key, what in (("vocab_size", "vocabulary size"), ("vocab_sha256", "BPE vocabulary (bpe.vocab)"),
+    """The data dir (its fingerprint recorded in hp) must have the vocabulary that the --init_from
+    run `source` was trained with, where its hparams.json records it."""
+    for key, what in (("vocab_size", "vocabulary size"),
+                      ("vocab_sha256", "BPE vocabulary (bpe.vocab)"),
                       ("bpe_sha256", "sentencepiece model (bpe.model)")):
         theirs, ours = getattr(source, key, None), getattr(hp, key)
         if theirs is not None and theirs != ours:
-            raise UserError("--init_from %s was trained with another %s than --data_dir %s has (%s there, %s here): "
-                            "build the data dir with `python prepro.py --bpe_model %s ...` to use that model's "
-                            "vocabulary" % (hp.init_from, what, hp.data_dir, str(theirs)[:12], str(ours)[:12],
+            raise UserError("--init_from %s was trained with another %s than --data_dir %s has (%s "
+                            "there, %s here): build the data dir with `python prepro.py "
+                            "--bpe_model %s ...` to use that model's vocabulary"
+                            % (hp.init_from, what, hp.data_dir, str(theirs)[:12], str(ours)[:12],
                                             os.path.join(source.data_dir, BPE_MODEL)))

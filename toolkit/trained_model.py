@@ -1,13 +1,16 @@
-"""A trained model, loaded one way by every tool that decodes with it (test.py, translate.py, export.py, serve.py,
-plot_attention.py through translate.py, scripts/bench_decode.py and bench_serve.py):
+"""A trained model, loaded one way by every tool that decodes with it (test.py, translate.py,
+export.py, serve.py, plot_attention.py through translate.py, scripts/bench_decode.py and
+bench_serve.py):
 
-    hp = trained_hparams(logdir, given)           # LOGDIR/hparams.json, the decoding flags given on top
-    trained = TrainedModel(hp, ckpt, ("test",))   # the data dir and the checkpoint (--ckpt), checked
+    hp = trained_hparams(logdir, given)           # LOGDIR/hparams.json, the decoding flags given on
+                                                  # top
+    trained = TrainedModel(hp, ckpt, ("test",))   # the data dir and the checkpoint (--ckpt),
+                                                  # checked
     ids, scores = trained.translation(xs)         # the decoding graph of the decoding flags
     sess = trained.session()                      # a session with the checkpoint restored
 
-The precision (--precision auto) is resolved once, in trained_hparams, for the implementation (--impl) the model
-is built in; the model's shape and data dir come from hparams.json.
+The precision (--precision auto) is resolved once, in trained_hparams, for the implementation
+(--impl) the model is built in; the model's shape and data dir come from hparams.json.
 """
 import sentencepiece as spm
 import tensorflow as tf
@@ -22,16 +25,17 @@ tf1 = tf.compat.v1
 
 
 def trained_hparams(logdir, overrides):
-    """LOGDIR/hparams.json with `overrides` (the flags given, a dict) on top, the precision resolved for this
-    machine and --impl (runtime.resolve_precision)."""
+    """LOGDIR/hparams.json with `overrides` (the flags given, a dict) on top, the precision resolved
+    for this machine and --impl (runtime.resolve_precision)."""
     hp = load_trained_hparams(logdir, overrides)
     runtime.resolve_precision(hp)
     return hp
 
 
 class TrainedModel:
-    """The model trained in hp.logdir: its data dir's manifest and sentencepiece model, and the checkpoint to
-    restore (ckpt, --ckpt: a path, best, or "" for the latest), checked before any graph is built."""
+    """The model trained in hp.logdir: its data dir's manifest and sentencepiece model, and the
+    checkpoint to restore (ckpt, --ckpt: a path, best, or "" for the latest), checked before any
+    graph is built."""
 
     def __init__(self, hp, ckpt="", splits=()):
         """splits: the data dir's splits the tool reads, whose files are checked too."""
@@ -48,15 +52,17 @@ class TrainedModel:
         return build_transformer(ModelConfig.from_flags(self.hp))
 
     def translation(self, xs):
-        """The decoding graph: greedy or beam search (decoding.translate) over xs, a data_load.Sources, as the
-        decoding flags say. Returns ids (N, T') ending in </s> then 0s, and scores (N,)."""
+        """The decoding graph: greedy or beam search (decoding.translate) over xs, a
+        data_load.Sources, as the decoding flags say. Returns ids (N, T') ending in </s> then 0s,
+        and scores (N,)."""
         return translate(self.build(), xs, DecodingSettings.from_flags(self.hp))
 
     def session(self):
-        """A session of the default graph with --threads thread pools and the checkpoint restored into its
-        variables. self.ckpt becomes the checkpoint restored: when training deleted the latest one meanwhile, the
-        newest then (not when --ckpt named one)."""
-        runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
+        """A session of the default graph with --threads thread pools and the checkpoint restored
+        into its variables. self.ckpt becomes the checkpoint restored: when training deleted the
+        latest one meanwhile, the newest then (not when --ckpt named one)."""
+        # TensorFlow's start-up code, run once: out of the resident set
+        runtime.release_library_pages()
         sess = tf1.Session(config=runtime.session_config(self.hp))
         try:
             self.ckpt = restore(sess, self.ckpt, self.hp.logdir, follow_latest=not self.ckpt_given)

@@ -1,9 +1,9 @@
 """Where a parallel corpus comes from: the names of its splits and sides, and local files.
 
-A corpus is {split: (source_lines, target_lines)} for the splits train, eval (dev) and test; side 1 is the
-source, side 2 the target. Each side is re-iterable: a list, or LinesOf a file, which is read line by line
-every time it is iterated, so that a corpus of any size is never held in memory. corpora.numbers generates one,
-corpora.download fetches the public ones.
+A corpus is {split: (source_lines, target_lines)} for the splits train, eval (dev) and test; side 1
+is the source, side 2 the target. Each side is re-iterable: a list, or LinesOf a file, which is read
+line by line every time it is iterated, so that a corpus of any size is never held in memory.
+corpora.numbers generates one, corpora.download fetches the public ones.
 """
 from pathlib import Path
 
@@ -12,7 +12,8 @@ from toolkit.textfiles import iter_lines
 
 SPLITS = ("train", "eval", "test")
 SIDES = (1, 2)
-#: The command-line flag naming each (split, side) file of --dataset files: train1, train2, ..., test2.
+#: The command-line flag naming each (split, side) file of --dataset files: train1, train2, ...,
+#: test2.
 FILE_FLAGS = {(split, side): f"{split}{side}" for split in SPLITS for side in SIDES}
 
 
@@ -29,7 +30,8 @@ def check_same_length(count1, count2, name1, name2):
 
 
 class LinesOf:
-    """The lines of a text file (see toolkit.textfiles.iter_lines), read anew each time they are iterated."""
+    """The lines of a text file (see toolkit.textfiles.iter_lines), read anew each time they are
+    iterated."""
 
     def __init__(self, path):
         self.path = path
@@ -44,7 +46,8 @@ def unzip_pairs(pairs):
 
 
 def pair_up(lines, sources):
-    """{(split, side): lines} -> {split: (lines1, lines2)}, checking that both sides have equal length."""
+    """{(split, side): lines} -> {split: (lines1, lines2)}, checking that both sides have equal
+    length."""
     splits = {}
     for split in SPLITS:
         check_same_length(len(lines[split, 1]), len(lines[split, 2]), sources[FILE_FLAGS[split, 1]],
@@ -54,13 +57,14 @@ def pair_up(lines, sources):
 
 
 def file_splits(paths):
-    """Local parallel files {flag: path} as (splits, sources); the files are read when the splits are iterated
-    (datadir.describe_inputs checks that both sides of a split have as many lines)."""
+    """Local parallel files {flag: path} as (splits, sources); the files are read when the splits
+    are iterated (datadir.describe_inputs checks that both sides of a split have as many lines)."""
     for flag, path in paths.items():
         if Path(path).is_dir():
             raise UserError(f"{path} is a directory, not a file (--{flag})")
         if not Path(path).is_file():
             raise UserError(f"file not found: {path} (--{flag})")
     sources = {flag: str(path) for flag, path in paths.items()}
-    splits = {split: (LinesOf(paths[FILE_FLAGS[split, 1]]), LinesOf(paths[FILE_FLAGS[split, 2]])) for split in SPLITS}
+    splits = {split: (LinesOf(paths[FILE_FLAGS[split, 1]]), LinesOf(paths[FILE_FLAGS[split, 2]]))
+              for split in SPLITS}
     return splits, sources

@@ -1,7 +1,8 @@
-"""Downloading and unpacking the public corpora (Multi30k task 1, IWSLT 2016 de-en), cached in DATA_DIR/download.
+"""Downloading and unpacking the public corpora (Multi30k task 1, IWSLT 2016 de-en), cached in
+DATA_DIR/download.
 
-A download is written atomically beside a record of its URL, so an interrupted one is fetched again; archives
-whose members could land outside the extraction directory are refused whole.
+A download is written atomically beside a record of its URL, so an interrupted one is fetched again;
+archives whose members could land outside the extraction directory are refused whole.
 """
 import html
 import http.client
@@ -41,8 +42,10 @@ MULTI30K_SHA256 = {
 IWSLT2016_URL = "https://wit3.fbk.eu/archive/2016-01/texts/de/en/de-en.tgz"
 IWSLT2016_FILES = {
     ("train", 1): "train.tags.de-en.de", ("train", 2): "train.tags.de-en.en",
-    ("eval", 1): "IWSLT16.TED.tst2013.de-en.de.xml", ("eval", 2): "IWSLT16.TED.tst2013.de-en.en.xml",
-    ("test", 1): "IWSLT16.TED.tst2014.de-en.de.xml", ("test", 2): "IWSLT16.TED.tst2014.de-en.en.xml",
+    ("eval", 1): "IWSLT16.TED.tst2013.de-en.de.xml",
+    ("eval", 2): "IWSLT16.TED.tst2013.de-en.en.xml",
+    ("test", 1): "IWSLT16.TED.tst2014.de-en.de.xml",
+    ("test", 2): "IWSLT16.TED.tst2014.de-en.en.xml",
 }
 
 
@@ -59,7 +62,8 @@ def download(url, path):
     """
     path = Path(path)
     source_record = path.with_name(path.name + ".url")
-    if path.exists() and source_record.exists() and source_record.read_text(encoding="utf-8") == url:
+    recorded = source_record.exists() and source_record.read_text(encoding="utf-8") == url
+    if path.exists() and recorded:
         log(f"using cached {path}")
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,13 +72,15 @@ def download(url, path):
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=path.name, disable=None) as progress:
+            with tqdm(total=total, unit="B", unit_scale=True, desc=path.name,
+                      disable=None) as progress:
                 chunks = []
                 for chunk in iter(lambda: response.read(1 << 16), b""):
                     chunks.append(chunk)
                     progress.update(len(chunk))
     except (OSError, ValueError, http.client.HTTPException) as error:
-        raise UserError(f"cannot download {url} ({download_error_reason(error)}); {offline_hint()}") from None
+        raise UserError(f"cannot download {url} ({download_error_reason(error)}); "
+                        f"{offline_hint()}") from None
     received = sum(len(chunk) for chunk in chunks)
     if total and received != total:
         raise UserError(f"download of {url} was cut short ({received} of {total} bytes); "
@@ -103,7 +109,8 @@ def read_maybe_gzipped(path, url):
         return gunzip(Path(path).read_bytes(), url)
     except UserError as error:
         discard_download(path)
-        raise UserError(f"{error}; the download was removed, try again or {offline_hint()}") from None
+        raise UserError(f"{error}; the download was removed, try again or "
+                        f"{offline_hint()}") from None
 
 
 def unsafe_member_reason(member):
@@ -133,7 +140,8 @@ def safe_extract(archive, target_dir):
             for member in members:
                 reason = unsafe_member_reason(member)
                 if reason:
-                    raise UserError(f"refusing to extract {archive}: member {member.name!r} is unsafe ({reason})")
+                    raise UserError(f"refusing to extract {archive}: member {member.name!r} is "
+                                    f"unsafe ({reason})")
             target_dir.mkdir(parents=True, exist_ok=True)
             tar.extractall(target_dir, members=members, filter="data")
     except (tarfile.TarError, EOFError, OSError) as error:
@@ -144,7 +152,8 @@ def find_extracted(root, name, archive):
     """The first file (in sorted order) called ``name`` anywhere below ``root``."""
     matches = sorted(path for path in Path(root).rglob(name) if path.is_file())
     if not matches:
-        raise UserError(f"{archive} has no file named {name}; is it the IWSLT 2016 de-en archive (de-en.tgz)?")
+        raise UserError(f"{archive} has no file named {name}; is it the IWSLT 2016 de-en archive "
+                        f"(de-en.tgz)?")
     return matches[0]
 
 
@@ -159,9 +168,10 @@ def multi30k_splits(download_dir, base_url, verify):
         data = read_maybe_gzipped(path, url)
         if verify and sha256_bytes(data) != MULTI30K_SHA256[name]:
             discard_download(path)
-            raise UserError(f"{url} unpacks to sha256 {sha256_bytes(data)}, expected {MULTI30K_SHA256[name]} "
-                            "(Multi30k task 1 raw); the download was removed. If your mirror serves another "
-                            "version on purpose, pass --no_verify")
+            raise UserError(f"{url} unpacks to sha256 {sha256_bytes(data)}, expected "
+                            f"{MULTI30K_SHA256[name]} "
+                            "(Multi30k task 1 raw); the download was removed. If your mirror "
+                            "serves another version on purpose, pass --no_verify")
         lines[split, side] = decode_lines(data, url)
         sources[FILE_FLAGS[split, side]] = url
     return pair_up(lines, sources), sources, downloads

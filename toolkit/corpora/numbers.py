@@ -1,7 +1,8 @@
 """The synthetic German -> English corpus of numbers and dates (offline, deterministic for a seed).
 
-Numbers use the German compound numerals ('einundzwanzig') and British English ('one hundred and one');
-dates use ordinals and spoken years ('neunzehnhundertvierundachtzig', 'nineteen eighty-four').
+Numbers use the German compound numerals ('einundzwanzig') and British English ('one hundred and
+one'); dates use ordinals and spoken years ('neunzehnhundertvierundachtzig', 'nineteen
+eighty-four').
 """
 import calendar
 import random
@@ -9,18 +10,21 @@ import random
 from toolkit.corpora import unzip_pairs
 from toolkit.errors import UserError
 
-GERMAN_SMALL = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn",
-                "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn", "achtzehn", "neunzehn"]
-GERMAN_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig"]
+GERMAN_SMALL = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun",
+                "zehn", "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn",
+                "achtzehn", "neunzehn"]
+GERMAN_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig",
+               "neunzig"]
 GERMAN_ORDINAL_IRREGULAR = {1: "erste", 3: "dritte", 7: "siebte", 8: "achte"}
 GERMAN_MONTHS = ["Januar", "Februar", "März", "April", "Mai", "Juni", "Juli", "August", "September",
                  "Oktober", "November", "Dezember"]
-ENGLISH_SMALL = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-                 "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-                 "nineteen"]
-ENGLISH_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-ENGLISH_ORDINAL_IRREGULAR = {1: "first", 2: "second", 3: "third", 5: "fifth", 8: "eighth", 9: "ninth",
-                             12: "twelfth"}
+ENGLISH_SMALL = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                 "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
+                 "seventeen", "eighteen", "nineteen"]
+ENGLISH_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty",
+                "ninety"]
+ENGLISH_ORDINAL_IRREGULAR = {1: "first", 2: "second", 3: "third", 5: "fifth", 8: "eighth",
+                             9: "ninth", 12: "twelfth"}
 ENGLISH_MONTHS = list(calendar.month_name)[1:]
 NUMBER_TEMPLATES = [
     ("{number}", "{number}"),
@@ -30,7 +34,8 @@ NUMBER_TEMPLATES = [
 DATE_TEMPLATES = [
     ("der {day} {month} {year}", "the {day} of {month} {year}"),
     ("Heute ist der {day} {month} {year}.", "Today is the {day} of {month} {year}."),
-    ("Sie wurde am {day_dative} {month} {year} geboren.", "She was born on the {day} of {month} {year}."),
+    ("Sie wurde am {day_dative} {month} {year} geboren.", "She was born on the {day} of {month} "
+     "{year}."),
 ]
 FIRST_YEAR, LAST_YEAR = 1800, 2099
 MAX_DIGITS = 6
@@ -121,7 +126,8 @@ def english_ordinal(day):
 
 
 def english_year(year):
-    """English year: 1984 -> 'nineteen eighty-four', 1905 -> 'nineteen oh five', 2014 -> 'two thousand and fourteen'."""
+    """English year: 1984 -> 'nineteen eighty-four', 1905 -> 'nineteen oh five', 2014 -> 'two
+    thousand and fourteen'."""
     if year >= 2000:
         return english_cardinal(year)
     century, rest = divmod(year, 100)
@@ -135,16 +141,18 @@ def english_year(year):
 def number_pair(number, template):
     """(German, English) sentence for an integer in one of NUMBER_TEMPLATES."""
     german, english = NUMBER_TEMPLATES[template]
-    return german.format(number=german_cardinal(number)), english.format(number=english_cardinal(number))
+    return (german.format(number=german_cardinal(number)),
+            english.format(number=english_cardinal(number)))
 
 
 def date_pair(year, month, day, template):
     """(German, English) sentence for a calendar date in one of DATE_TEMPLATES."""
     german, english = DATE_TEMPLATES[template]
     german_day = german_ordinal(day)
-    return (german.format(day=german_day, day_dative=german_day + "n", month=GERMAN_MONTHS[month - 1],
-                          year=german_year(year)),
-            english.format(day=english_ordinal(day), month=ENGLISH_MONTHS[month - 1], year=english_year(year)))
+    return (german.format(day=german_day, day_dative=german_day + "n",
+                          month=GERMAN_MONTHS[month - 1], year=german_year(year)),
+            english.format(day=english_ordinal(day), month=ENGLISH_MONTHS[month - 1],
+                           year=english_year(year)))
 
 
 def random_pair(rng):
@@ -167,8 +175,8 @@ def numbers_corpus(n_train, n_eval, n_test, seed):
     """
     total = n_train + n_eval + n_test
     if min(n_train, n_eval, n_test) < 1 or total > MAX_NUMBERS_PAIRS:
-        raise UserError(f"numbers corpus sizes must be at least 1 each and {MAX_NUMBERS_PAIRS} in all "
-                        f"(got --n_train {n_train} --n_eval {n_eval} --n_test {n_test})")
+        raise UserError(f"numbers corpus sizes must be at least 1 each and {MAX_NUMBERS_PAIRS} in "
+                        f"all (got --n_train {n_train} --n_eval {n_eval} --n_test {n_test})")
     rng = random.Random(seed)
     seen, pairs = set(), []
     while len(pairs) < total:
