@@ -140,8 +140,8 @@ class FastTransformer(Transformer):
 
     @staticmethod
     def optimizer(config, lr):
-        """Adam as model.make_optimizer asks for it: with --kernels fused each variable's update is
-        one kernel (fast.kernels.OnePassAdam: the same update, bit for bit)."""
+        """Adam as toolkit.implementation.make_optimizer asks for it: with --kernels fused each
+        variable's update is one kernel (fast.kernels.OnePassAdam: the same update, bit for bit)."""
         adam = OnePassAdam if config.kernels == "fused" else tf1.train.AdamOptimizer
         return adam(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)
 
@@ -229,7 +229,7 @@ class FastTransformer(Transformer):
 
         queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected. K, V: (B*h, T_k,
         d_model/h).
-        key_masks: (B*h, 1, T_k) or (1, 1, T_k) float32 biases of modules.key_biases.
+        key_masks: (B*h, 1, T_k) or (1, 1, T_k) float32 biases of fast.layers.key_biases.
         Returns (B, d_model).
         """
         cfg = self.config
@@ -251,7 +251,8 @@ class FastTransformer(Transformer):
         bias) of _self_attention_kernels.
         rows: (B*h,) the row of position `step` of each (sentence, head) in the cache seen as
         (B*h*L, d_model/h).
-        future: (1, 1, L) float32 biases of modules.key_biases, masking the positions after `step`.
+        future: (1, 1, L) float32 biases of fast.layers.key_biases, masking the positions after
+        `step`.
         Returns (B, d_model) and the new cache K, V.
         """
         cfg = self.config
@@ -286,7 +287,7 @@ class FastTransformer(Transformer):
         parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row
         i continues i).
         qkv_kernels: _self_attention_kernels(). memory_kv: list of num_blocks pairs (K, V), each
-            (B*h, T1, d_model/h). src_masks: (B*h, 1, T1) biases (modules.key_biases).
+            (B*h, T1, d_model/h). src_masks: (B*h, 1, T1) biases (fast.layers.key_biases).
         output_kernel: _output_kernel().
         Returns logits (B, V) and the cache with position `step` written, each (B, h, L',
         d_model/h).

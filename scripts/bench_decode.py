@@ -49,7 +49,8 @@ from toolkit.datadir import bpe_model_path, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from toolkit.trained_model import TrainedModel, trained_hparams  # noqa: E402
-from model import ModelConfig, Transformer, build_transformer  # noqa: E402
+from model import ModelConfig, Transformer  # noqa: E402
+from toolkit.implementation import build_transformer  # noqa: E402
 from toolkit.errors import run_cli  # noqa: E402
 
 tf1 = tf.compat.v1

@@ -2,7 +2,7 @@
 
     python scripts/bench_iterator.py --data_dir data/multi30k [--rounds 6] [model and batching flags of train.py]
 
-Builds train.build_graph as train.py does, then repeats: initialize the training data (the round's epoch), run 3
+Builds toolkit.train_graph.build_graph as train.py does, then repeats: initialize the training data (the round's epoch), run 3
 training steps, initialize the dev data, decode 2 dev batches. The steps and batches are there so that each
 initializer replaces an iterator in use, as between train.py's epochs and before its dev decodes; their own times
 are not the point. The last line is one JSON object: the seconds of every initializer call, and the longest after
@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from toolkit import distributed  # noqa: E402
 import train  # noqa: E402
+from toolkit.train_graph import build_graph  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -40,7 +41,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as logdir:
         hp, manifest = train.resolve_hparams(argv + ["--logdir", logdir])
         cluster = distributed.make_cluster(hp, runtime.session_config(hp))
-        g = train.build_graph(hp, manifest, cluster)
+        g = build_graph(hp, manifest, cluster)
         train_init, eval_init = [], []
         with tf1.Session(cluster.target, config=cluster.config) as sess:
             sess.run(g.init)

@@ -43,7 +43,7 @@ from toolkit.errors import UserError, run_cli  # noqa: E402
 from data_load import epoch_pairs, input_fn  # noqa: E402
 from toolkit.datadir import load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from model import resolve_kernels  # noqa: E402
+from toolkit.implementation import resolve_kernels  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
 

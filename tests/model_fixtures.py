@@ -8,8 +8,9 @@ import tensorflow as tf
 
 from toolkit import distributed
 from data_load import Sources, Targets
-from model import BOS_ID, EOS_ID, ModelConfig, build_transformer
 from fast import kernels
+from model import BOS_ID, EOS_ID, ModelConfig
+from toolkit.implementation import build_transformer
 from modules import label_smoothing
 
 tf1 = tf.compat.v1

@@ -5,9 +5,10 @@ import pytest
 import tensorflow as tf
 
 from decoding import DecodingSettings, translate
-from model import ModelConfig, build_transformer
+from model import ModelConfig
 from model_fixtures import (Placeholders, build, fused_kernels, one_hot_smoothed_cross_entropy, random_ids, small_hp,
                             train_step)
+from toolkit.implementation import build_transformer
 
 tf1 = tf.compat.v1
 

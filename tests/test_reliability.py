@@ -43,6 +43,7 @@ from in_process import run_in_process
 from toolkit.logdir import CheckpointGone, find_checkpoint, load_trained_hparams, logdir_lock, restore, whole_records_size
 from toolkit.outputs import atomic_write
 from toolkit.textfiles import read_lines
+from toolkit.train_graph import build_graph
 from utils import calc_bleu
 
 tf1 = tf.compat.v1
@@ -394,7 +395,7 @@ def test_a_non_finite_loss_stops_without_saving(trained, tmp_path, capsys):
 
 
 def tiny_graph(data_dir, logdir, **overrides):
-    """train.build_graph for a tiny model on data_dir, in a new graph. Returns (graph, ops, hp)."""
+    """toolkit.train_graph.build_graph for a tiny model on data_dir, in a new graph. Returns (graph, ops, hp)."""
     args = ["--data_dir", str(data_dir), "--logdir", str(logdir), *TINY_MODEL, "--batch_size", "2000"]
     for flag, value in overrides.items():
         args += ["--" + flag, str(value)]
@@ -402,7 +403,7 @@ def tiny_graph(data_dir, logdir, **overrides):
     graph = tf.Graph()
     with graph.as_default():
         cluster = distributed.make_cluster(hp, runtime.session_config(hp))  # --distribute none: this process alone
-        return graph, train.build_graph(hp, manifest, cluster), hp
+        return graph, build_graph(hp, manifest, cluster), hp
 
 
 def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
@@ -604,7 +605,8 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
     with tf.Graph().as_default():
         import decoding
         from data_load import Sources
-        from model import ModelConfig, build_transformer
+        from model import ModelConfig
+        from toolkit.implementation import build_transformer
         xs = Sources(tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
         decoding.translate(build_transformer(ModelConfig.from_flags(hp)), xs, decoding.DecodingSettings())
         with tf1.Session() as sess:

@@ -52,8 +52,9 @@ from collections import namedtuple
 import tensorflow as tf
 
 from data_load import Sources, Targets
-from model import PAD_ID, ModelConfig, attention_image, build_transformer, make_optimizer
+from model import PAD_ID, ModelConfig, attention_image
 from toolkit.errors import UserError
+from toolkit.implementation import build_transformer, make_optimizer
 
 tf1 = tf.compat.v1
 
@@ -241,9 +242,9 @@ def build_train(cluster, hp, xs, ys):
 
 
 def train_step(strategy, hp, xs, ys, write_summaries):
-    """The one training step of every --distribute mode: Adam (model.make_optimizer) on the
-    label-smoothed loss, the global batch xs, ys split over the strategy's replicas (one replica:
-    the default strategy).
+    """The one training step of every --distribute mode: Adam
+    (toolkit.implementation.make_optimizer) on the label-smoothed loss, the global batch xs, ys
+    split over the strategy's replicas (one replica: the default strategy).
 
     Returns loss (per target token of the global batch), train_op, global_step, the variable that
     holds the learning-rate schedule's end step (model.schedule_total_steps), and the summaries

@@ -16,9 +16,10 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from decoding import DecodingSettings, translate
-from model import ModelConfig, build_transformer
+from model import ModelConfig
 from toolkit import runtime
 from toolkit.datadir import bpe_model_path
+from toolkit.implementation import build_transformer
 from toolkit.logdir import load_trained_hparams, restore, trained_model_files
 
 tf1 = tf.compat.v1

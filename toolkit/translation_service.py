@@ -1,0 +1,151 @@
+"""The model behind serve.py's API: its translator in a Batcher, its sentencepiece model and languages, the limits
+of a request, and how a request's fields become the model's inputs and its results the answer's fields. Every
+refusal is an ApiError with its HTTP status."""
+import hmac
+
+from toolkit.batcher import ApiError, Batcher
+from toolkit.documents import document_entries
+from toolkit.ids import PAD_ID
+from toolkit.sentences import nbest_texts, prepare
+from toolkit.trained_model import TrainedModel
+from toolkit.translator import Translator
+
+
+class Service:
+    """The model behind the server (its translator in a Batcher, sentencepiece, languages) and the
+    limits."""
+
+    def __init__(self, hp, args):
+        trained = TrainedModel(hp, hp.ckpt)
+        manifest, self.sp = trained.manifest, trained.sentencepiece()
+        # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
+        self.source_lang, self.target_lang = manifest.get("src_lang",
+                                                          "de"), manifest.get("tgt_lang", "en")
+        self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
+        translator = Translator(trained, hp.beam_size, with_attention=True)
+        self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
+                               args.queue_size, args.timeout)
+
+    def close(self):
+        self.batcher.stop()
+        self.batcher.translator.close()
+
+    def check_key(self, fields):
+        if self.args.api_key and not hmac.compare_digest(str(fields.get("api_key", "")),
+                                                         self.args.api_key):
+            raise ApiError(403, "Invalid API key: pass the api_key field this server was started "
+                           "with")
+
+    def items(self, fields):
+        """The q items of a request (a list of strings), checked against the limits."""
+        q = fields.get("q")
+        if not q:
+            raise ApiError(400, "Invalid request: missing q parameter (a string or a list of "
+                           "strings)")
+        items = [q] if isinstance(q, str) else q
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+        chars = sum(len(item) for item in items)
+        if chars > self.args.char_limit:
+            raise ApiError(400, "Invalid request: q has %d characters, more than this server's "
+                           "limit of %d "
+                                "(--char_limit): send less text per request"
+                           % (chars, self.args.char_limit))
+        return items
+
+    def check_languages(self, fields):
+        source, target = fields.get("source"), fields.get("target")
+        if source not in (self.source_lang, "auto"):
+            raise ApiError(400, "%s is not supported: this model translates from %s (or pass auto)"
+                                % (language_field("source", source), self.source_lang))
+        if target != self.target_lang:
+            raise ApiError(400, "%s is not supported: this model translates into %s"
+                                % (language_field("target", target), self.target_lang))
+
+    def prepare(self, documents):
+        """Per document, per segment, the model inputs (toolkit.sentences.prepare); at most
+        --max_sentences in all."""
+        parts = [[prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
+                 for document in documents]
+        count = sum(len(segment) for document in parts for segment in document)
+        if count > self.args.max_sentences:
+            raise ApiError(400, "Invalid request: %d sentences to translate, more than this "
+                           "server's limit of %d "
+                                "(--max_sentences): send fewer per request"
+                           % (count, self.args.max_sentences))
+        return parts, count
+
+
+def language_field(name, value):
+    return "%s language %s" % (name, "(none given)" if value is None else repr(value))
+
+
+def nonnegative_int(fields, name, most, why):
+    """A field given as a JSON integer or form digits, from 0 to most (0 when absent); a 400
+    otherwise."""
+    value = fields.get(name, 0)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ApiError(400, "Invalid request: %s must be a whole number, not %r" % (name, value))
+    if value > most:
+        raise ApiError(400, "Invalid request: %s %d is more than this server gives (%d: %s)"
+                       % (name, value, most,
+                                                                                              why))
+    return value
+
+
+def flag(fields, name):
+    """A boolean field: JSON true or the form value true / 1."""
+    value = fields.get(name, False)
+    return value is True or str(value).lower() in ("true", "1")
+
+
+def read_results(documents, parts, results, sp):
+    """The translator's results (one per model input, in order) as per document its n-best entries
+    [(text, score)], and the attention entries of every model input (when results have
+    attention)."""
+    results, entries, maps = iter(results), [], []
+    for document, segments in zip(documents, parts):
+        segment_entries = []
+        for sources in segments:
+            part_results = [next(results) for _ in sources]
+            # an empty line, like a line whose every entry beam search left unfilled, translates as
+            # ""
+            segment_entries.append((nbest_texts(part_results, sp) if sources else [])
+                                   or [("", 0.0)])
+            maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
+                     in zip(sources, part_results) if weights is not None]
+        entries.append(document_entries(document, segment_entries))
+    return entries, maps
+
+
+def attention_entry(source, ids, weights, sp):
+    """One model input's attention for the page: its source and target pieces (with </s>) and the
+    (T2, T1) weights averaged over heads."""
+    target = [int(i) for i in ids[0] if i != PAD_ID]
+    return {"source": [sp.id_to_piece(int(i)) for i in source],
+            "target": [sp.id_to_piece(i) for i in target],
+            "weights": weights[:, :len(target),
+                               :len(source)].mean(0).astype(float).round(4).tolist()}
+
+
+def translation_body(fields, service, entries, alternatives, maps):
+    """The answer of /translate: per q item its n-best entries [(text, score)], best first, shaped
+    as q was."""
+    one = isinstance(fields["q"], str)
+    shape = (lambda values: values[0]) if one else (lambda values: values)
+    body = {"translatedText": shape([document[0][0] for document in entries])}
+    if alternatives:
+        body["alternatives"] = shape([[text for text, _ in document[1:1 + alternatives]]
+                                      for document in entries])
+    if fields.get("source") == "auto":
+        body["detectedLanguage"] = shape([detected(service)] * len(entries))
+    if maps is not None:
+        body["nbest"] = [{"text": text, "score": round(score, 4)} for text, score in entries[0]]
+        body["attention"] = maps
+    return body
+
+
+def detected(service):
+    return {"confidence": 100, "language": service.source_lang}
