@@ -1,6 +1,6 @@
-"""The graph train.py runs: the training step (replicated as the cluster says, toolkit.distributed) over one
-iterator of training and dev batches, the dev set's translation, and the state saved with the weights (the
-position in the epochs, the schedule's end step)."""
+"""The graph train.py runs: the training step (replicated as the cluster says, toolkit.distributed)
+over one iterator of training and dev batches, the dev set's translation, and the state saved with
+the weights (the position in the epochs, the schedule's end step)."""
 import collections.abc
 import dataclasses
 

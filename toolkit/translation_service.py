@@ -1,6 +1,6 @@
-"""The model behind serve.py's API: its translator in a Batcher, its sentencepiece model and languages, the limits
-of a request, and how a request's fields become the model's inputs and its results the answer's fields. Every
-refusal is an ApiError with its HTTP status."""
+"""The model behind serve.py's API: its translator in a Batcher, its sentencepiece model and
+languages, the limits of a request, and how a request's fields become the model's inputs and its
+results the answer's fields. Every refusal is an ApiError with its HTTP status."""
 import hmac
 
 from toolkit.batcher import ApiError, Batcher
