@@ -420,8 +420,8 @@ def input_fn(pairs_of, batch_size, shuffle=False, batch_type="sentences", seed=0
     which epoch's shuffle to replay, and how many of its batches to skip (to resume in the middle of
     an epoch).
     """
-    generate, num_batches = generator_fn(pairs_of, batch_size, batch_type, seed if shuffle
-                                         else None, growth)
+    generate, num_batches = generator_fn(pairs_of, batch_size, batch_type,
+                                         seed if shuffle else None, growth)
     ids, lengths = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
     dataset = tf.data.Dataset.from_generator(generate, args=(epoch,),
                                              output_signature=(Sources(ids, lengths),

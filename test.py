@@ -110,8 +110,8 @@ def score_files(hp):
     ckpt = trained.ckpt
     results = []
     try:
-        for number, (source, reference,
-                     (sources, references)) in enumerate(zip(hp.src, hp.ref, pairs), 1):
+        for number, (source, reference, (sources, references)) in enumerate(
+                zip(hp.src, hp.ref, pairs), 1):
             hypotheses = best_translations(translator, sources, sp, hp.maxlen1 - 1, "%s line"
                                            % source)
             atomic_write(os.path.join(hp.testdir, "hypotheses.%d.txt" % number),

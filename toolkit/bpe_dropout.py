@@ -68,8 +68,8 @@ def segment_word(word, scores, rate, draw):
         best, at = None, None
         for i in range(len(pieces) - 1):
             score = scores.get(pieces[i] + pieces[i + 1])
-            if score is not None and (best is None or score > best) and not (rate
-                                                                             and draw() < rate):
+            outranks = score is not None and (best is None or score > best)
+            if outranks and not (rate and draw() < rate):
                 best, at = score, i  # strictly greater: the leftmost of equals
         if at is None:
             return pieces
