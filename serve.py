@@ -167,8 +167,9 @@ async def detect_handler(request):
 async def languages_handler(request):
     service = request.app["service"]
     languages = ((service.source_lang, [service.target_lang]), (service.target_lang, []))
-    return web.json_response([{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
-                              for code, targets in languages])
+    return web.json_response([
+        {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
+        for code, targets in languages])
 
 
 async def page_handler(request):
