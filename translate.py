@@ -25,14 +25,13 @@ Every input line gives exactly one output line (with --nbest N: up to N lines `L
 ||| SCORE`, LINE counted from 0, best first). Notes go to standard error:
   - an empty line gives an empty translation;
   - a line longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off: it is
-    split into
-    parts that fit, after sentence punctuation (. ! ?) where possible, else after , ; :, else
-    between words, else inside a word; the parts are translated separately and their translations
-    joined with spaces (with --nbest, entry k joins the k-th best of every part, and its score is
-    the sum of their scores);
+    split into parts that fit, after sentence punctuation (. ! ?) where possible, else after , ; :,
+    else between words, else inside a word; the parts are translated separately and their
+    translations joined with spaces (with --nbest, entry k joins the k-th best of every part, and
+    its score is the sum of their scores);
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is
-    translated;
-    on standard input such a line gives an empty translation and a note, and translation goes on.
+    translated; on standard input such a line gives an empty translation and a note, and translation
+    goes on.
 --output FILE is written beside FILE and renamed into place when translation ends: an interrupted
 run leaves the old FILE (if any) as it was. A link is followed (its target replaced); a device,
 FIFO, /dev/stdout or /dev/fd/N is written directly; the --input file is never an output. --output

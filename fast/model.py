@@ -4,15 +4,13 @@ move freely between the two, and it keeps Transformer's train, eval, score and a
 the methods it overrides:
 
   - encode / decode / loss: the stacks of fast.layers in the compute dtype of --precision, and the
-    output layer's
-    loss in chunks of rows (fast.loss.output_loss), with no (tokens, V) logits;
+    output layer's loss in chunks of rows (fast.loss.output_loss), with no (tokens, V) logits;
   - with --kernels fused, the embedding and its dropout in one kernel and the shared embedding's
-    gradients summed
-    in place (tied_embeddings), and Adam's update in one pass per variable (optimizer);
+    gradients summed in place (tied_embeddings), and Adam's update in one pass per variable
+    (optimizer);
   - cached_decoder: the decoder one position at a time over a cache of keys and values that grows in
-    chunks and is
-    written in place (decoding.grow_cache, write_in_place), with the memory's keys and values
-    projected once.
+    chunks and is written in place (decoding.grow_cache, write_in_place), with the memory's keys and
+    values projected once.
 """
 import tensorflow as tf
 
@@ -104,11 +102,17 @@ class FastTransformer(Transformer):
                                             norm_type=cfg.norm_type, dtype=self.dtype,
                                             fused_kernels=self.fused_kernels,
                                             attention_dropout=cfg.attention_dropout)
-                    enc = ff(enc, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate,
-                             training=training, norm_type=cfg.norm_type, dtype=self.dtype,
-                             fused_kernels=self.fused_kernels, relu_dropout=cfg.relu_dropout)
+                    enc = self._feed_forward(enc, training)
             memory = self._final_ln(enc)
         return memory, src_masks
+
+    def _feed_forward(self, inputs, training):
+        """A block's position-wise feed-forward sublayer (Section 3.3, fast.layers.ff) on inputs
+        (N, T, d_model)."""
+        cfg = self.config
+        return ff(inputs, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate, training=training,
+                  norm_type=cfg.norm_type, dtype=self.dtype, fused_kernels=self.fused_kernels,
+                  relu_dropout=cfg.relu_dropout)
 
     def _decoder_stack(self, decoder_input, memory, src_masks, training):
         """decoder_input: (N, T2) ids. memory: (N, T1, d_model). src_masks: (N, T1).
@@ -133,9 +137,7 @@ class FastTransformer(Transformer):
                                                      norm_type=cfg.norm_type, dtype=self.dtype,
                                                      fused_kernels=self.fused_kernels,
                                                      attention_dropout=cfg.attention_dropout)
-                    dec = ff(dec, [cfg.d_ff, cfg.d_model], dropout_rate=cfg.dropout_rate,
-                             training=training, norm_type=cfg.norm_type, dtype=self.dtype,
-                             fused_kernels=self.fused_kernels, relu_dropout=cfg.relu_dropout)
+                    dec = self._feed_forward(dec, training)
             return self._final_ln(dec), attention
 
     @staticmethod

@@ -35,8 +35,7 @@ def output_target(path):
       - a regular file, or a new one: replaced atomically (see atomic_file);
       - a symbolic link: followed, its target replaced atomically and the link kept;
       - a device (/dev/null), a FIFO, a socket, /dev/stdout or /dev/fd/N (a shell's >(...)): written
-        directly,
-        never replaced, as the program that reads it expects."""
+        directly, never replaced, as the program that reads it expects."""
     try:
         mode = os.stat(path).st_mode  # of the link's target
     # a new file (or a dangling link's new target), or a path that the write will report
