@@ -60,7 +60,7 @@ from toolkit.ids import EOS_ID
 from toolkit.outputs import atomic_file, check_not_an_input, check_writable_dir, check_writable_file
 from toolkit.sentences import (nbest_texts, output_lines, prepare, read_input, read_pair, report,
                                stdin_lines, translated_lines)
-from toolkit.trained_model import TrainedModel, trained_hparams
+from toolkit.trained_model import TrainedModel, decoding_flags, trained_hparams
 from toolkit.translator import Translator, ctranslate2_translator
 
 
@@ -130,12 +130,6 @@ def parse_args(argv):
                         % (args.nbest, args.nbest, hp.beam_size))
     check_score_flags(args)
     return hp, args
-
-
-def decoding_flags(given):
-    """The decoding flags (hparams.DECODING_FLAGS) among `given`, parse_flags' dict of the flags
-    given."""
-    return {flag: value for flag, value in given.items() if flag in DECODING_FLAGS}
 
 
 def check_score_flags(args):
