@@ -44,7 +44,7 @@ from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.batcher import ApiError
 from toolkit.documents import Document
 from toolkit.errors import UserError, run_cli
-from toolkit.trained_model import trained_hparams
+from toolkit.trained_model import decoding_flags, trained_hparams
 from toolkit.translation_service import (Service, detected, flag, nonnegative_int, read_results,
                                          translation_body)
 
@@ -112,9 +112,7 @@ def parse_args(argv):
                             % (flag, getattr(args, flag), lowest))
     if args.port > 65535:
         raise UserError("--port %d is out of range: it must be at most 65535" % args.port)
-    return trained_hparams(args.logdir,
-                           {flag: value for flag, value in given.items() if flag
-                            in DECODING_FLAGS}), args
+    return trained_hparams(args.logdir, decoding_flags(given)), args
 
 
 # ---------------------------------------------------------------- text in and out

@@ -16,6 +16,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from decoding import DecodingSettings, translate
+from hparams import DECODING_FLAGS
 from model import ModelConfig
 from toolkit import runtime
 from toolkit.datadir import bpe_model_path
@@ -31,6 +32,12 @@ def trained_hparams(logdir, overrides):
     hp = load_trained_hparams(logdir, overrides)
     runtime.resolve_precision(hp)
     return hp
+
+
+def decoding_flags(given):
+    """The decoding flags (hparams.DECODING_FLAGS) among `given`, parse_flags' dict of the flags given:
+    those that override hparams.json in translate.py and serve.py."""
+    return {flag: value for flag, value in given.items() if flag in DECODING_FLAGS}
 
 
 class TrainedModel:
