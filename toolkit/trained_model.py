@@ -36,8 +36,7 @@ def trained_hparams(logdir, overrides):
 
 def decoding_flags(given):
     """The decoding flags (hparams.DECODING_FLAGS) among `given`, parse_flags' dict of the flags
-    given:
-    those that override hparams.json in translate.py and serve.py."""
+    given: those that override hparams.json in translate.py and serve.py."""
     return {flag: value for flag, value in given.items() if flag in DECODING_FLAGS}
 
 
