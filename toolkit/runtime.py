@@ -8,11 +8,11 @@ Every entry point imports this module before TensorFlow (or any module that impo
 A variable the user has set keeps its value:
   TF_CPP_MIN_LOG_LEVEL=2           no TensorFlow C++ INFO/WARNING lines on the console.
   TF_CPU_ALLOCATOR_USE_BFC=true    CPU tensors come from TensorFlow's best-fit-with-coalescing
-                                   allocator, which keeps
-                                   the memory a step freed for the next step. Without it, oneDNN
-                                   builds hand their large buffers back to the operating system
-                                   after each use, so every step pays for hundreds of thousands of
-                                   page faults on fresh memory (see docs/log/performance-log.md).
+                                   allocator, which keeps the memory a step freed for the next
+                                   step. Without it, oneDNN builds hand their large buffers back to
+                                   the operating system after each use, so every step pays for
+                                   hundreds of thousands of page faults on fresh memory (see
+                                   docs/log/performance-log.md).
 
 Importing this module also keeps TensorFlow from importing Keras (see KERAS_BLOCKED below), and
 filters TensorFlow's start-up lines out of standard error when it is imported (see
