@@ -1,4 +1,4 @@
-"""runtime.py's process settings: TensorFlow imported without Keras, freed heap memory and library pages handed back.
+"""toolkit/runtime.py's process settings: TensorFlow imported without Keras, freed heap memory and library pages handed back.
 
 Each check runs in a fresh Python process: what a process has imported, and the state of its heap, are the things
 under test."""
@@ -19,14 +19,15 @@ def run_python(code):
 
 
 def test_tensorflow_imported_after_runtime_does_not_import_keras():
-    code = ("import sys, runtime, tensorflow as tf; tf.compat.v1.disable_eager_execution(); "
+    code = ("import sys; from toolkit import runtime; import tensorflow as tf; "
+            "tf.compat.v1.disable_eager_execution(); "
             "x = tf.ones([2, 2]); print(tf.compat.v1.Session().run(tf.reduce_sum(tf.matmul(x, x))), "
             "'keras' in sys.modules, 'matplotlib' in sys.modules)")
     assert run_python(code) == ["8.0", "False", "False"]
 
 
 def test_a_process_that_imported_keras_first_keeps_it_whole():
-    code = ("import sys, keras, runtime, tensorflow; "
+    code = ("import sys, keras; from toolkit import runtime; import tensorflow; "
             "print(sys.modules.get(runtime.KERAS_BLOCKED) is not None, hasattr(keras, 'optimizers'))")
     assert run_python(code) == ["True", "True"]
 
@@ -74,7 +75,8 @@ def test_release_library_pages_drops_them_from_the_resident_set_and_loses_nothin
         f.flush()
         os.fsync(f.fileno())
     code = """
-import hashlib, mmap, runtime
+import hashlib, mmap
+from toolkit import runtime
 def file_mb():
     return next(int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("RssFile"))
 with open(%r, "rb") as f:

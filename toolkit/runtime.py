@@ -313,9 +313,13 @@ def release_library_pages():
 def start_graph_mode():
     """The start of every tool's main that builds a TensorFlow graph: TF1 graph mode (the toolkit's
     graphs are tf.compat.v1's), a new empty default graph (a main may run more than once in a
-    process, as the tests run it), and TensorFlow's Python logger at ERROR. TensorFlow's environment
-    defaults were set when this module was imported, before TensorFlow."""
+    process, as the tests run it; a caller that entered a graph of its own, `with
+    tf.Graph().as_default()`, keeps building in that one), and TensorFlow's Python logger at ERROR.
+    TensorFlow's environment defaults were set when this module was imported, before TensorFlow."""
     import tensorflow as tf  # here: this module is imported before TensorFlow
     tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.reset_default_graph()
+    try:
+        tf.compat.v1.reset_default_graph()
+    except AssertionError:  # TensorFlow's refusal to reset inside a graph the caller entered
+        pass
     tf.get_logger().setLevel("ERROR")
