@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from toolkit.corpora import FILE_FLAGS, SPLITS, file_splits, log
+from toolkit.corpora import FILE_FLAGS, SPLITS, file_splits, log, reversed_corpus
 from toolkit.corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from toolkit.corpora.numbers import numbers_corpus
 from toolkit.databuild import build_data_dir, read_bpe_model
@@ -95,6 +95,10 @@ def build_parser():
                         "%(default)g)")
     parser.add_argument("--filter_ratio", action="store_true",
                         help="drop length-ratio outliers from train (default: report them only)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="swap the corpus's sides, to train the other direction: side 1 becomes the target "
+                             "language's text (English for numbers and multi30k), side 2 the source's, and the "
+                             "manifest's src_lang / tgt_lang swap with them")
     parser.add_argument("--force", action="store_true",
                         help="rebuild --data_dir even if it holds a build with other inputs or "
                         "options")
@@ -123,8 +127,10 @@ def build_parser():
                            help=f"{split} split, {'source' if side == '1' else 'target'} side "
                            f"(UTF-8, one "
                                 "sentence per line)")
-    files.add_argument("--src_lang", help="source language code for the manifest (default de)")
-    files.add_argument("--tgt_lang", help="target language code for the manifest (default en)")
+    files.add_argument("--src_lang", help="language code of the side 1 files, the source (default de; with "
+                                          "--reverse it becomes the target)")
+    files.add_argument("--tgt_lang", help="language code of the side 2 files, the target (default en; with "
+                                          "--reverse it becomes the source)")
     return parser
 
 
@@ -165,9 +171,13 @@ def build_options(args, bpe_model=None):
 
     vocab_size = bpe_model.size if bpe_model else given_or(args.vocab_size,
                                                            DEFAULT_VOCAB_SIZE[args.dataset])
+    langs = (given_or(args.src_lang, "de"), given_or(args.tgt_lang, "en"))
+    src_lang, tgt_lang = langs[::-1] if args.reverse else langs
     options = {"dataset": args.dataset, "vocab_size": vocab_size,
                "dedup": args.dedup, "filter_ratio": args.filter_ratio, "max_ratio": args.max_ratio,
-               "src_lang": given_or(args.src_lang, "de"), "tgt_lang": given_or(args.tgt_lang, "en")}
+               "src_lang": src_lang, "tgt_lang": tgt_lang}
+    if args.reverse:  # recorded only when given, so that data dirs built before the flag stay up to date
+        options.update(reverse=True)
     if bpe_model:
         options.update(bpe_model_sha256=bpe_model.sha256)
     if args.dataset == "numbers":
@@ -208,6 +218,8 @@ def main(argv=None):
         # before a download or a build, which a read-only one would waste
         check_writable_dir(data_dir, "data_dir")
         splits, sources, downloads = load_corpus(args, options, data_dir)
+        if args.reverse:
+            splits, sources = reversed_corpus(splits, sources)
         manifest = build_data_dir(data_dir, splits, options, sources, downloads, force=args.force,
                                   bpe_model=bpe_model)
     # prepro.py's main returns its exit code: errors.run_cli's lines

@@ -197,6 +197,33 @@ def test_manifest_layout(numbers_dir):
             assert (numbers_dir / info[f"offsets{side}"]).stat().st_size == 8 * (count + 1)
 
 
+def test_reverse_makes_side_1_the_english(numbers_dir, tmp_path):
+    """--reverse on the numbers corpus: the same pairs, English on side 1 and German on side 2, languages swapped."""
+    reverse_dir = tmp_path / "reverse"
+    assert run_prepro("--data_dir", reverse_dir, *SMALL_NUMBERS, "--reverse") == 0
+    forward, reverse = read_manifest(numbers_dir), read_manifest(reverse_dir)
+    assert (reverse["src_lang"], reverse["tgt_lang"]) == ("en", "de") and reverse["options"]["reverse"] is True
+    assert "reverse" not in forward["options"]
+    for split in SPLITS:
+        files, reversed_files = forward["splits"][split], reverse["splits"][split]
+        assert raw_lines(reverse_dir / reversed_files["raw1"]) == raw_lines(numbers_dir / files["raw2"])
+        assert raw_lines(reverse_dir / reversed_files["raw2"]) == raw_lines(numbers_dir / files["raw1"])
+    english = raw_lines(reverse_dir / reverse["splits"]["test"]["raw1"])
+    assert sum(" and " in line or "thousand" in line for line in english) > 10, english[:5]
+
+
+def test_reverse_swaps_the_files_and_their_languages(tmp_path):
+    """--dataset files --reverse: side 1 is read from --train2 ..., and --src_lang names the files of side 1."""
+    paths = toy_corpus(tmp_path / "in")
+    data_dir = tmp_path / "data"
+    assert run_prepro(*files_args(paths), "--vocab_size", "80", "--data_dir", data_dir, "--src_lang", "de",
+                      "--tgt_lang", "en", "--reverse") == 0
+    manifest = read_manifest(data_dir)
+    assert (manifest["src_lang"], manifest["tgt_lang"]) == ("en", "de")
+    assert manifest["inputs"]["train1"]["source"] == str(paths["train2"])
+    assert raw_lines(data_dir / manifest["splits"]["eval"]["raw1"])[0] == "dog runs fast."
+
+
 # ------------------------------------------------------------------------------------------------
 # BPE model
 
