@@ -2,6 +2,10 @@
 
     python scripts/recipe.py --minutes 60 [--logdir runs/multi30k_60m] [--data_dir data/multi30k]
                              [--candidates NAME,NAME] [--table scripts/recipe_table.json] [--choose_only]
+                             [--reverse]
+
+With --reverse it trains English->German (prepro.py --reverse) into its own data dir and logdir; the choice of model
+still reads the table's de->en runs.
 
 The model is chosen from the candidates of scripts/recipe_table.json (train.py flags, and the dev BLEU each reached
 after a measured number of real target tokens trained) by the training budget this machine can buy
@@ -98,9 +102,10 @@ def run(command, log):
     return "".join(lines), time.time() - start
 
 
-def prepro_command(data_dir):
-    """prepro.py from the Multi30k files beside the repository, or from the download."""
+def prepro_command(data_dir, reverse=False):
+    """prepro.py from the Multi30k files beside the repository, or from the download; reverse: English->German."""
     command = [sys.executable, "prepro.py", "--vocab_size", "8000", "--data_dir", data_dir]
+    command += ["--reverse"] if reverse else []
     if not os.path.isdir(SHARED):
         return command + ["--dataset", "multi30k"]
     files = dict(train="train", eval="dev", test="test")
@@ -373,8 +378,12 @@ def parse_args(argv):
                "ESTIMATE_SLACK = %g, POST_TRAIN_MINUTES = %g." % (MEASURE_WARMUP, MEASURE_STEPS, MEASURE_MAX_STEPS,
                                                                   MEASURE_SHARE, ESTIMATE_SLACK, POST_TRAIN_MINUTES))
     parser.add_argument("--minutes", type=float, default=60, help="wall-time budget of the whole recipe")
-    parser.add_argument("--data_dir", default="data/multi30k", help="data dir (reused when it exists)")
-    parser.add_argument("--logdir", help="where the model goes; must not exist yet (default runs/multi30k_MINUTESm)")
+    parser.add_argument("--data_dir", help="data dir (reused when it exists; default data/multi30k, with "
+                                           "--reverse data/multi30k_en_de)")
+    parser.add_argument("--logdir", help="where the model goes; must not exist yet (default runs/multi30k_MINUTESm, "
+                                         "with --reverse runs/multi30k_en_de_MINUTESm)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="train the other direction, English->German: prepro.py --reverse")
     parser.add_argument("--candidates", help="comma-separated names of the table's candidates to choose from "
                                              "(default: all); one name trains it without measuring anything")
     parser.add_argument("--table", default=recipe_table.TABLE_PATH,
@@ -382,7 +391,12 @@ def parse_args(argv):
     parser.add_argument("--choose_only", action="store_true",
                         help="prepare the data, measure and choose for --minutes, print the choice and stop: "
                              "what would it train here? Nothing is trained and no logdir is written")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    name = "multi30k_en_de" if args.reverse else "multi30k"
+    args.data_dir = args.data_dir or "data/" + name
+    args.logdir = args.logdir or "runs/%s_%gm" % (name, args.minutes)
+    args.direction = "en->de" if args.reverse else "de->en"
+    return args
 
 
 def allowed_candidates(table, given):
@@ -471,7 +485,7 @@ def choose_model(table, names, args, start, log):
 def prepare_and_choose(table, names, args, start, log, seconds):
     """prepro and the kernels' build, then choose_model, for a budget begun at `start`; each phase's wall time goes
     to seconds. Returns choose_model's."""
-    _, seconds["prepro"] = run(prepro_command(args.data_dir), log)
+    _, seconds["prepro"] = run(prepro_command(args.data_dir, args.reverse), log)
     _, seconds["kernels"] = run([sys.executable, "-m", "fast.kernels"], log)
     measure_start = time.time()
     chosen = choose_model(table, names, args, start, log)
@@ -495,7 +509,7 @@ def main(argv=None):
     args = parse_args(argv)
     table = recipe_table.load_table(args.table)
     names = allowed_candidates(table, args.candidates)
-    logdir = args.logdir or "runs/multi30k_%gm" % args.minutes
+    logdir = args.logdir
     if os.path.exists(os.path.join(ROOT, logdir)) and not args.choose_only:
         raise UserError("%s exists: the recipe trains from scratch; remove it or pass another --logdir" % logdir)
     if args.minutes <= POST_TRAIN_MINUTES + 1:
@@ -524,11 +538,11 @@ def main(argv=None):
         "tgt_tokens_per_s": sum(e[2] for e in epochs) / len(epochs), "precision": hparams["precision"],
         "machine": runtime.machine_summary(), "matmul_gflops_per_s": matmul_gflops(),
         "seconds": {phase: round(s, 1) for phase, s in seconds.items()}, "recipe": choice["flags"],
-        "beam_size": BEAM_SIZE, "alpha": LENGTH_PENALTY, "logdir": logdir,
+        "beam_size": BEAM_SIZE, "alpha": LENGTH_PENALTY, "logdir": logdir, "direction": args.direction,
     }
     with open(os.path.join(ROOT, logdir, "recipe.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
-    print("\n".join(["", "Multi30k de->en in %g minutes (%s/recipe.json)" % (args.minutes, logdir)]
+    print("\n".join(["", "Multi30k %s in %g minutes (%s/recipe.json)" % (args.direction, args.minutes, logdir)]
                     + results_lines(results)))
     return 0
 

@@ -456,6 +456,24 @@ def test_choose_only_prints_the_choice_and_stops_before_training(tmp_path, monke
     assert out.rstrip().splitlines()[-1] == "chose small: the highest predicted dev BLEU"
 
 
+def test_reverse_prepares_english_to_german_in_a_data_dir_and_logdir_of_its_own(tmp_path, monkeypatch, capsys):
+    commands = []
+    monkeypatch.setattr(recipe, "run", lambda command, log: (commands.append(command), ("", 1))[1])
+    monkeypatch.setattr(recipe, "Bench", FakeBench)
+    code, _, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--table",
+                                  write_table(tmp_path, SMALL_AND_BIG), "--choose_only", "--reverse")
+    assert (code, err) == (0, "")
+    prepro_flags = commands[0][2:]
+    assert commands[0][1] == "prepro.py" and "--reverse" in prepro_flags
+    assert prepro_flags[prepro_flags.index("--data_dir") + 1] == "data/multi30k_en_de"
+    args = recipe.parse_args(["--minutes", "20", "--reverse"])
+    assert (args.data_dir, args.logdir, args.direction) == ("data/multi30k_en_de", "runs/multi30k_en_de_20m",
+                                                            "en->de")
+    forward = recipe.parse_args(["--minutes", "20"])
+    assert (forward.data_dir, forward.logdir) == ("data/multi30k", "runs/multi30k_20m")
+    assert "--reverse" not in recipe.prepro_command("data/multi30k")
+
+
 class TimedOutBench(FakeBench):
     """A measuring process whose every measurement runs out of time, as one that spent its share compiling."""
 
