@@ -1,9 +1,12 @@
 """Exports a trained model, with its sentencepiece model, as a SavedModel that translates batches of
 token ids (the default) or as a CTranslate2 model directory.
 
-    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best]
-    [--beam_size 4 --alpha 0.6] python export.py --logdir runs/numbers --export_dir ct2/numbers
-    --format ctranslate2 [--quantization int8]
+    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best] \
+        [--beam_size 4 --alpha 0.6]
+    python export.py --logdir runs/numbers --export_dir ct2/numbers --format ctranslate2 \
+        [--quantization int8]
+    python export.py --logdir runs/numbers --export_dir de_en.argosmodel --format argos \
+        [--quantization int8]
 
 Signature serving_default:
     input   src_ids  int32 (N, T)    sentencepiece ids of each source sentence followed by </s> (3),
@@ -19,6 +22,9 @@ text with tensorflow and sentencepiece alone.
 --format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16),
 bpe.model, and translate.json (the decoding settings and the model's source length limit) for
 `translate.py --engine ctranslate2 --model EXPORT_DIR`; see ctranslate2_engine.py.
+
+--format argos writes the .argosmodel file EXPORT_DIR, an Argos Translate package that LibreTranslate
+serves; see toolkit/argos_package.py and docs/serving.md.
 """
 import os
 
@@ -31,7 +37,7 @@ import tensorflow as tf
 
 from data_load import Sources
 from hparams import TRAINED_FLAGS_HINT
-from toolkit import ctranslate2_engine
+from toolkit import argos_package, ctranslate2_engine
 from toolkit.errors import OneLineParser, UserError, run_cli, writing
 from toolkit.ids import PAD_ID
 from toolkit.logdir import pinned_checkpoint
@@ -69,14 +75,17 @@ def build_parser():
                         "+ max_len_b "
                                                         "steps; default from hparams.json")
     parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
-    parser.add_argument("--format", choices=["savedmodel", "ctranslate2"], default="savedmodel",
+    parser.add_argument("--format", choices=["savedmodel", "ctranslate2", "argos"],
+                        default="savedmodel",
                         help="savedmodel (default): a TensorFlow SavedModel; ctranslate2: a "
-                        "CTranslate2 model "
-                             "directory for translate.py --engine ctranslate2 (needs the "
-                        "ctranslate2 package)")
+                             "CTranslate2 model directory for translate.py --engine ctranslate2 "
+                             "(needs the ctranslate2 package); argos: an Argos Translate package "
+                             "for LibreTranslate, --export_dir naming the .argosmodel file (needs "
+                             "ctranslate2 and spacy)")
     parser.add_argument("--quantization", choices=["float32", "int8", "int16"],
-                        help="weight type of --format ctranslate2 (default float32); the "
-                        "SavedModel is float32")
+                        help="weight type of --format ctranslate2 or argos (default float32); "
+                             "the SavedModel is float32")
+    argos_package.add_flags(parser)
     return parser
 
 
@@ -84,13 +93,16 @@ def parse_args(argv):
     """The flags, and the model's hyperparameters: LOGDIR/hparams.json with the decoding flags given
     on top."""
     args = build_parser().parse_args(argv)
-    if args.quantization and args.format != "ctranslate2":
-        raise UserError("--quantization %s applies to --format ctranslate2 only: the SavedModel "
-                        "holds the float32 weights; add --format ctranslate2, or leave "
+    if args.quantization and args.format == "savedmodel":
+        raise UserError("--quantization %s applies to --format ctranslate2 or argos only: the "
+                        "SavedModel holds the float32 weights; add --format ctranslate2, or leave "
                         "--quantization out" % args.quantization)
+    argos_package.check_flags(args)
     args.quantization = args.quantization or "float32"
     hp = trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in TRAINED_OVERRIDES
                                        if getattr(args, flag) is not None})
+    if args.format == "argos":
+        return args, hp  # export_dir is a file, which argos_package.check_flags checked
     check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
         raise UserError("--export_dir %s already exists and is not empty: remove it or choose "
@@ -175,6 +187,9 @@ def main(argv=None):
               "\"a sentence\""
               % (os.path.basename(ckpt), args.quantization, args.export_dir,
                  shlex.quote(args.export_dir)))
+        return 0
+    if args.format == "argos":
+        argos_package.export(args, hp, trained.manifest, ckpt, bpe_model)
         return 0
     inputs, outputs = build_translator(trained)
     with trained.session() as sess:
