@@ -13,6 +13,7 @@ if [ "${CI:-}" = "true" ] && [ "$(id -u)" = 0 ]; then
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $MISSING >/dev/null
   fi
 fi
+WITH_LIBRETRANSLATE=1  # LibreTranslate in .venv-lt, for tests/test_argos.py
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 # one pytest worker per core, at most 4 (pytest-xdist); a worker takes the tests of another once its own are done.
