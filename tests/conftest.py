@@ -10,7 +10,7 @@ import pytest
 from toolkit import runtime  # noqa: F401
 import tensorflow as tf
 
-from model_fixtures import TINY_MODEL_MAXLEN1
+from model_fixtures import train_tiny_model
 
 tf.compat.v1.disable_eager_execution()
 
@@ -22,18 +22,7 @@ def tiny_model(tmp_path_factory):
     ones; --precision auto would train and decode in bf16 on a CPU with bfloat16), trained once for the whole
     session. Tests only read it: anything they write
     goes elsewhere (--testdir, --export_dir)."""
-    import prepro
-    import train
-    root = tmp_path_factory.mktemp("tiny_model")
-    data_dir, logdir = str(root / "data"), str(root / "run")
-    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
-                        "--vocab_size", "300", "--data_dir", data_dir]) == 0
-    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60", "--d_model", "32",
-                       "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
-                       "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
-                       "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100",
-                       "--precision", "fp32"]) == 0
-    return logdir, data_dir
+    return train_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
 
 @pytest.fixture(scope="session")

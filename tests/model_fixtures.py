@@ -95,3 +95,20 @@ def fused_kernels():
         if os.environ.get("CI") == "true":
             pytest.fail("the fused kernels must build under CI: %s" % e)
         pytest.skip("the fused kernels are unavailable here: %s" % e)
+
+
+def train_tiny_model(root, *prepro_flags):
+    """(logdir, data_dir) under root of conftest.py's tiny_model: a 1-block model trained 60 steps on
+    2000 generated pairs (prepro.py with prepro_flags on top, e.g. --reverse)."""
+    import prepro
+    import train
+    data_dir, logdir = str(root / "data"), str(root / "run")
+    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test",
+                        "50", "--vocab_size", "300", "--data_dir", data_dir, *prepro_flags]) == 0
+    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60",
+                       "--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2",
+                       "--batch_size", "2000", "--lr", "0.01", "--warmup_steps", "20",
+                       "--dropout_rate", "0", "--test_batch_size", "256",
+                       "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100",
+                       "--precision", "fp32"]) == 0
+    return logdir, data_dir

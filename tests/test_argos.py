@@ -1,8 +1,9 @@
-"""export.py --format argos: the package installs into the real argostranslate and translates as translate.py does
-at greedy, and the real LibreTranslate (in .venv-lt, which scripts/setup_env.sh creates) serves two of them
-offline. argostranslate and LibreTranslate run in processes of their own, with their data, config, cache and
-package folders in a temporary directory and every proxy variable pointing at a closed port on 127.0.0.1, so that
-a request to anywhere but 127.0.0.1 fails at once instead of leaving the machine."""
+"""export.py --format argos: the package installs into the real argostranslate and translates as
+translate.py does at greedy, and the real LibreTranslate (in .venv-lt, which scripts/setup_env.sh
+creates) serves two of them offline. argostranslate and LibreTranslate run in processes of their
+own, with their data, config, cache and package folders in a temporary directory and every proxy
+variable pointing at a closed port on 127.0.0.1, so that a request to anywhere but 127.0.0.1 fails
+at once instead of leaving the machine."""
 import json
 import os
 import socket
@@ -17,21 +18,19 @@ import pytest
 
 import argos_package
 import export
-import prepro
-import train
 import translate
 from errors import UserError
 from in_process import run_in_process
-from model_fixtures import TINY_MODEL_MAXLEN1
+from model_fixtures import train_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LT_VENV = ROOT / ".venv-lt"
 NOWHERE = "http://127.0.0.1:9"  # the discard port: nothing listens, a connection is refused at once
-#: Argos's length limit: CTranslate2's default of 256 pieces whatever the source's length, where translate.py
-#: stops at max_len_a * source length + max_len_b steps (counting </s>, hence 257).
+#: Argos's length limit, CTranslate2's default of 256 pieces whatever the source's length, as
+#: translate.py's max_len_a * source length + max_len_b steps (counting </s>, hence 257).
 ARGOS_LIMIT = ["--max_len_a", "0", "--max_len_b", "257"]
 
-#: A Python program that installs the .argosmodel argv[1] and prints the translations of argv[2]'s lines as JSON.
+#: Installs the .argosmodel argv[1]; prints the translations of argv[2]'s lines as a JSON list.
 ARGOS_TRANSLATE = """
 import json, sys
 import argostranslate.package, argostranslate.translate
@@ -39,25 +38,28 @@ argostranslate.package.install_from_path(sys.argv[1])
 pkg = argostranslate.package.get_installed_packages()[0]
 with open(sys.argv[2], encoding="utf-8") as f:
     lines = f.read().splitlines()
-print(json.dumps([argostranslate.translate.translate(line, pkg.from_code, pkg.to_code) for line in lines]))
+translate = argostranslate.translate.translate
+print(json.dumps([translate(line, pkg.from_code, pkg.to_code) for line in lines]))
 """
+INSTALL = "import sys, argostranslate.package as p; p.install_from_path(sys.argv[1])"
 
 
 def offline_env(folder):
-    """The environment of argostranslate or LibreTranslate: every folder of theirs under `folder`, spaCy's
-    rule-based sentence splitting, greedy decoding, and no way out but to 127.0.0.1."""
-    env = dict(os.environ, XDG_DATA_HOME=str(folder / "data"), XDG_CONFIG_HOME=str(folder / "config"),
-               XDG_CACHE_HOME=str(folder / "cache"), ARGOS_PACKAGES_DIR=str(folder / "packages"),
-               ARGOS_CHUNK_TYPE="SPACY", ARGOS_BEAM_SIZE="1", no_proxy="127.0.0.1,localhost",
-               NO_PROXY="127.0.0.1,localhost")
-    env.update({name: NOWHERE for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")})
+    """The environment of argostranslate or LibreTranslate: every folder of theirs under `folder`,
+    spaCy's rule-based sentence splitting, greedy decoding, and no way out but to 127.0.0.1."""
+    env = dict(os.environ, XDG_DATA_HOME=str(folder / "data"),
+               XDG_CONFIG_HOME=str(folder / "config"), XDG_CACHE_HOME=str(folder / "cache"),
+               ARGOS_PACKAGES_DIR=str(folder / "packages"), ARGOS_CHUNK_TYPE="SPACY",
+               ARGOS_BEAM_SIZE="1", no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost")
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        env[name] = NOWHERE
     argos_package.write_offline_cache(env["XDG_CACHE_HOME"])
     return env
 
 
-def export_package(capsys, logdir, path, *flags):
-    code, _, err = run_in_process(capsys, "export.py", export.main, "--logdir", logdir, "--export_dir", path,
-                                  "--format", "argos", *flags)
+def export_package(capsys, logdir, path):
+    code, _, err = run_in_process(capsys, "export.py", export.main, "--logdir", logdir,
+                                  "--export_dir", path, "--format", "argos")
     assert (code, err) == (0, "")
     return path
 
@@ -69,12 +71,12 @@ def source_lines(data_dir, count):
 
 
 def greedy(capsys, logdir, lines, tmp_path):
-    """translate.py's greedy translations of lines, within Argos's length limit (a looping sentence of the tiny
-    model runs on to it)."""
+    """translate.py's greedy translations of lines, within Argos's length limit (a looping sentence
+    of the tiny model runs on to it)."""
     source = tmp_path / "greedy_input.txt"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "--beam_size", "1",
-                                    *ARGOS_LIMIT, "--input", source)
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir,
+                                    "--beam_size", "1", *ARGOS_LIMIT, "--input", source)
     assert code == 0, err
     return out.splitlines()
 
@@ -82,8 +84,10 @@ def greedy(capsys, logdir, lines, tmp_path):
 def test_the_languages_come_from_the_flags_else_the_manifest_and_a_missing_one_is_one_line():
     flags = dict(from_code=None, to_code=None, from_name=None, to_name=None)
     langs = argos_package.languages(Namespace(**flags), {"src_lang": "de", "tgt_lang": "en"})
-    assert langs == {"from_code": "de", "from_name": "German", "to_code": "en", "to_name": "English"}
-    given = argos_package.languages(Namespace(**dict(flags, to_code="eo", to_name="Esperanto")), {"src_lang": "de"})
+    assert langs == {"from_code": "de", "from_name": "German", "to_code": "en",
+                     "to_name": "English"}
+    esperanto = Namespace(**dict(flags, to_code="eo", to_name="Esperanto"))
+    given = argos_package.languages(esperanto, {"src_lang": "de"})
     assert (given["to_code"], given["to_name"]) == ("eo", "Esperanto")
     with pytest.raises(UserError, match="names no target language: pass --to_code"):
         argos_package.languages(Namespace(**flags), {"src_lang": "de"})
@@ -94,9 +98,10 @@ def test_the_languages_come_from_the_flags_else_the_manifest_and_a_missing_one_i
 def test_argos_flags_are_refused_elsewhere_and_the_package_must_be_a_new_argosmodel(tmp_path):
     parser = export.build_parser()
     for argv, message in (
-            (["--export_dir", str(tmp_path / "x"), "--from_code", "de"], "--from_code applies to --format argos"),
-            (["--export_dir", str(tmp_path / "x.zip"), "--format", "argos"], "must end in .argosmodel"),
-            (["--export_dir", str(tmp_path), "--format", "argos"], "must end in .argosmodel")):
+            (["--export_dir", str(tmp_path / "x"), "--from_code", "de"],
+             "--from_code applies to --format argos"),
+            (["--export_dir", str(tmp_path / "x.zip"), "--format", "argos"], "end in .argosmodel"),
+            (["--export_dir", str(tmp_path), "--format", "argos"], "end in .argosmodel")):
         with pytest.raises(UserError, match=message):
             argos_package.check_flags(parser.parse_args(["--logdir", "l"] + argv))
     (tmp_path / "old.argosmodel").write_text("")
@@ -104,7 +109,8 @@ def test_argos_flags_are_refused_elsewhere_and_the_package_must_be_a_new_argosmo
         argos_package.check_output(str(tmp_path / "old.argosmodel"))
 
 
-def test_the_installed_package_translates_as_translate_py_does_at_greedy(tiny_model, tmp_path, capsys):
+def test_the_installed_package_translates_as_translate_py_does_at_greedy(tiny_model, tmp_path,
+                                                                         capsys):
     logdir, data_dir = tiny_model
     path = export_package(capsys, logdir, str(tmp_path / "de_en.argosmodel"))
     meta = argos_package.read_metadata(path)
@@ -113,26 +119,19 @@ def test_the_installed_package_translates_as_translate_py_does_at_greedy(tiny_mo
     ours = greedy(capsys, logdir, sources, tmp_path)
     assert len(set(ours)) > 12, ours  # a comparison that can tell sentences apart
     (tmp_path / "sources.txt").write_text("\n".join(sources) + "\n", encoding="utf-8")
-    run = subprocess.run([sys.executable, "-c", ARGOS_TRANSLATE, path, str(tmp_path / "sources.txt")],
-                         env=offline_env(tmp_path / "argos"), capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-c", ARGOS_TRANSLATE, path, str(tmp_path / "sources.txt")]
+    run = subprocess.run(command, env=offline_env(tmp_path / "argos"), capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert "127.0.0.1', port=9" not in run.stderr  # nothing tried to download
+    assert "port=9" not in run.stderr  # nothing tried to download
     assert json.loads(run.stdout) == ours
 
 
 @pytest.fixture(scope="module")
 def tiny_reverse_model(tmp_path_factory):
-    """(logdir, data_dir): tiny_model's recipe on the reversed numbers corpus (prepro.py --reverse): en->de."""
-    root = tmp_path_factory.mktemp("tiny_reverse_model")
-    data_dir, logdir = str(root / "data"), str(root / "run")
-    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
-                        "--vocab_size", "300", "--data_dir", data_dir, "--reverse"]) == 0
-    assert train.main(["--data_dir", data_dir, "--logdir", logdir, "--max_steps", "60", "--d_model", "32",
-                       "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "2000",
-                       "--lr", "0.01", "--warmup_steps", "20", "--dropout_rate", "0", "--test_batch_size", "256",
-                       "--maxlen1", str(TINY_MODEL_MAXLEN1), "--maxlen2", "30", "--eval_every", "100",
-                       "--precision", "fp32"]) == 0
-    return logdir, data_dir
+    """(logdir, data_dir): tiny_model's recipe on the reversed numbers corpus (prepro.py --reverse),
+    a real en->de model."""
+    return train_tiny_model(tmp_path_factory.mktemp("tiny_reverse_model"), "--reverse")
 
 
 def free_port():
@@ -142,10 +141,12 @@ def free_port():
 
 
 def libretranslate_command(port):
-    """The command that starts .venv-lt's LibreTranslate on 127.0.0.1:port; skips (fails in CI) without it."""
+    """The command that starts .venv-lt's LibreTranslate on 127.0.0.1:port; skips the test without
+    it (fails it in CI)."""
     program = LT_VENV / "bin" / "libretranslate"
     if not program.exists():
-        message = "needs LibreTranslate in %s: bash scripts/setup_env.sh creates it" % LT_VENV
+        message = "needs LibreTranslate in %s: WITH_LIBRETRANSLATE=1 bash scripts/setup_env.sh" \
+            % LT_VENV
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -167,44 +168,49 @@ def wait_for(url, process, seconds=180):
 
 
 def formatted_alike(source, translation):
-    """Whether LibreTranslate leaves translation as it is: it gives a translation the final punctuation and the
-    first letter's case of its source, and these already agree."""
-    return (source[-1] == translation[-1] == ".") and source[0].isupper() == translation[0].isupper()
+    """Whether LibreTranslate leaves translation as it is: it copies the source's final punctuation
+    mark and first letter's case onto a translation, and here these already agree."""
+    return source[-1] == translation[-1] == "." and source[0].isupper() == translation[0].isupper()
+
+
+def stop(server):
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 @pytest.mark.slow
-def test_libretranslate_serves_both_directions_offline(tiny_model, tiny_reverse_model, tmp_path, capsys):
+def test_libretranslate_serves_both_directions_offline(tiny_model, tiny_reverse_model, tmp_path,
+                                                       capsys):
     from libretranslatepy import LibreTranslateAPI
     port = free_port()
     command = libretranslate_command(port)
     env = offline_env(tmp_path / "lt")
     expected = {}
-    for (logdir, data_dir), pair in ((tiny_model, ("de", "en")), (tiny_reverse_model, ("en", "de"))):
+    models = ((tiny_model, ("de", "en")), (tiny_reverse_model, ("en", "de")))
+    for (logdir, data_dir), pair in models:
         path = export_package(capsys, logdir, str(tmp_path / ("%s_%s.argosmodel" % pair)))
-        install = "import sys, argostranslate.package as p; p.install_from_path(sys.argv[1])"
-        subprocess.run([str(LT_VENV / "bin" / "python"), "-c", install, path], env=env, check=True, timeout=120,
-                       capture_output=True)
+        subprocess.run([str(LT_VENV / "bin" / "python"), "-c", INSTALL, path], env=env, check=True,
+                       timeout=120, capture_output=True)
         sources = source_lines(data_dir, 12)
         expected[pair] = list(zip(sources, greedy(capsys, logdir, sources, tmp_path)))
-    log = open(tmp_path / "libretranslate.log", "w+", encoding="utf-8")
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        languages = wait_for("http://127.0.0.1:%d/languages" % port, server)
-        assert {lang["code"]: sorted(lang["targets"]) for lang in languages} == {"de": ["de", "en"],
-                                                                                  "en": ["de", "en"]}
-        client = LibreTranslateAPI("http://127.0.0.1:%d/" % port)
-        for (source_lang, target_lang), pairs in expected.items():
-            same = [(source, ours) for source, ours in pairs if formatted_alike(source, ours)]
-            assert len(same) >= 3, pairs
-            assert [client.translate(source, source_lang, target_lang) for source, _ in same] == \
-                [ours for _, ours in same]
-    finally:
-        server.terminate()
+    with open(tmp_path / "libretranslate.log", "w+", encoding="utf-8") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    log.seek(0)
-    output = log.read()
+            languages = wait_for("http://127.0.0.1:%d/languages" % port, server)
+            targets = {lang["code"]: sorted(lang["targets"]) for lang in languages}
+            assert targets == {"de": ["de", "en"], "en": ["de", "en"]}
+            client = LibreTranslateAPI("http://127.0.0.1:%d/" % port)
+            for (source_lang, target_lang), pairs in expected.items():
+                same = [(source, ours) for source, ours in pairs if formatted_alike(source, ours)]
+                assert len(same) >= 3, pairs
+                theirs = [client.translate(source, source_lang, target_lang) for source, _ in same]
+                assert theirs == [ours for _, ours in same]
+        finally:
+            stop(server)
+        log.seek(0)
+        output = log.read()
     assert "Updating language models" not in output and "port=9" not in output, output[-2000:]
