@@ -21,10 +21,10 @@ text with tensorflow and sentencepiece alone.
 
 --format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16),
 bpe.model, and translate.json (the decoding settings and the model's source length limit) for
-`translate.py --engine ctranslate2 --model EXPORT_DIR`; see ctranslate2_engine.py.
+`translate.py --engine ctranslate2 --model EXPORT_DIR`; see toolkit/ctranslate2_engine.py.
 
---format argos writes the .argosmodel file EXPORT_DIR, an Argos Translate package that LibreTranslate
-serves; see toolkit/argos_package.py and docs/serving.md.
+--format argos writes the .argosmodel file EXPORT_DIR, an Argos Translate package that
+LibreTranslate serves; see toolkit/argos_package.py and docs/serving.md.
 """
 import os
 

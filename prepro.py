@@ -96,9 +96,10 @@ def build_parser():
     parser.add_argument("--filter_ratio", action="store_true",
                         help="drop length-ratio outliers from train (default: report them only)")
     parser.add_argument("--reverse", action="store_true",
-                        help="swap the corpus's sides, to train the other direction: side 1 becomes the target "
-                             "language's text (English for numbers and multi30k), side 2 the source's, and the "
-                             "manifest's src_lang / tgt_lang swap with them")
+                        help="swap the corpus's sides, to train the other direction: side 1 "
+                             "becomes the target language's text (English for numbers and "
+                             "multi30k), side 2 the source's, and the manifest's src_lang / "
+                             "tgt_lang swap with them")
     parser.add_argument("--force", action="store_true",
                         help="rebuild --data_dir even if it holds a build with other inputs or "
                         "options")
@@ -127,10 +128,10 @@ def build_parser():
                            help=f"{split} split, {'source' if side == '1' else 'target'} side "
                            f"(UTF-8, one "
                                 "sentence per line)")
-    files.add_argument("--src_lang", help="language code of the side 1 files, the source (default de; with "
-                                          "--reverse it becomes the target)")
-    files.add_argument("--tgt_lang", help="language code of the side 2 files, the target (default en; with "
-                                          "--reverse it becomes the source)")
+    files.add_argument("--src_lang", help="language code of the side 1 files, the source (default "
+                                          "de; with --reverse it becomes the target)")
+    files.add_argument("--tgt_lang", help="language code of the side 2 files, the target (default "
+                                          "en; with --reverse it becomes the source)")
     return parser
 
 
@@ -176,7 +177,7 @@ def build_options(args, bpe_model=None):
     options = {"dataset": args.dataset, "vocab_size": vocab_size,
                "dedup": args.dedup, "filter_ratio": args.filter_ratio, "max_ratio": args.max_ratio,
                "src_lang": src_lang, "tgt_lang": tgt_lang}
-    if args.reverse:  # recorded only when given, so that data dirs built before the flag stay up to date
+    if args.reverse:  # recorded only when given: data dirs built before the flag stay up to date
         options.update(reverse=True)
     if bpe_model:
         options.update(bpe_model_sha256=bpe_model.sha256)

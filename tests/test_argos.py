@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-import argos_package
 import export
 import translate
-from errors import UserError
 from in_process import run_in_process
 from model_fixtures import train_tiny_model
+from toolkit import argos_package
+from toolkit.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 LT_VENV = ROOT / ".venv-lt"

@@ -184,7 +184,7 @@ def export(args, hp, manifest, ckpt, bpe_model):
     except ImportError:
         raise UserError("--format argos needs the ctranslate2 package: "
                         "pip install -r requirements.txt") from None
-    from logdir import pinned_checkpoint
+    from toolkit.logdir import pinned_checkpoint
     langs = languages(args, manifest)
     with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile
         weights = ctranslate2_engine.checkpoint_weights(path)
@@ -217,10 +217,10 @@ def read_metadata(path):
 
 
 def main(argv=None):
-    """python argos_package.py [--cache_home DIR]: write_offline_cache."""
+    """python -m toolkit.argos_package [--cache_home DIR]: write_offline_cache."""
     import argparse
     parser = argparse.ArgumentParser(
-        prog="argos_package.py",
+        prog="python -m toolkit.argos_package",
         description="Fill argostranslate's spaCy cache with a blank pipeline, so that with "
                     "ARGOS_CHUNK_TYPE=SPACY it downloads no sentence splitter. Run it once before "
                     "LibreTranslate first starts, with the XDG_CACHE_HOME it will have.")
@@ -235,5 +235,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from errors import run_cli
+    from toolkit.errors import run_cli
     run_cli(main)

@@ -71,8 +71,9 @@ def file_splits(paths):
 
 
 def reversed_corpus(splits, sources):
-    """The corpus with its two sides swapped, and the names of where each side came from with them, so that side 1
-    is the other language's text and a model trained on it translates the other direction."""
+    """The corpus with its two sides swapped, and the names of where each side came from with them,
+    so that side 1 is the other language's text and a model trained on it translates the other
+    direction."""
     swapped = {split: (lines2, lines1) for split, (lines1, lines2) in splits.items()}
     names = {FILE_FLAGS[split, 3 - side]: sources[FILE_FLAGS[split, side]]
              for split in SPLITS for side in SIDES if FILE_FLAGS[split, side] in sources}
