@@ -24,10 +24,10 @@ from data_load import eval_order, get_batch
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.datadir import split_paths
 from toolkit.errors import UserError, run_cli
-from toolkit.outputs import atomic_write, check_writable_dir
+from toolkit.outputs import atomic_write, check_not_an_input, check_writable_dir
 from toolkit.sentences import best_translations, read_pair
 from toolkit.textfiles import read_lines
-from toolkit.trained_model import TrainedModel, trained_hparams
+from toolkit.trained_model import TrainedModel, read_dirs, trained_hparams
 from toolkit.translator import Translator
 from utils import calc_bleu, calc_chrf, get_hypotheses
 
@@ -52,7 +52,18 @@ def parse_args(argv):
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
     # before the decode, which a bad --testdir would waste
     check_writable_dir(hp.testdir, "testdir")
+    for path in output_paths(hp):
+        check_not_an_input(path, "testdir", {"src": hp.src, "ref": hp.ref}, read_dirs(hp),
+                           "%s (written in --testdir)" % path)
     return hp
+
+
+def output_paths(hp):
+    """The files test.py writes in --testdir: with --src, a hypotheses file per pair and files.json;
+    else the test split's hypotheses and results.json."""
+    names = (["hypotheses.%d.txt" % number for number in range(1, len(hp.src) + 1)]
+             + ["files.json"] if hp.src or hp.ref else ["hypotheses.txt", "results.json"])
+    return [os.path.join(hp.testdir, name) for name in names]
 
 
 def main(argv=None):

@@ -60,7 +60,7 @@ from toolkit.ids import EOS_ID
 from toolkit.outputs import atomic_file, check_not_an_input, check_writable_dir, check_writable_file
 from toolkit.sentences import (nbest_texts, output_lines, prepare, read_input, read_pair, report,
                                stdin_lines, translated_lines)
-from toolkit.trained_model import TrainedModel, decoding_flags, trained_hparams
+from toolkit.trained_model import TrainedModel, decoding_flags, read_dirs, trained_hparams
 from toolkit.translator import Translator, ctranslate2_translator
 
 
@@ -122,7 +122,9 @@ def parse_args(argv):
     check_ranges(args, ("nbest",))
     if args.output:
         check_writable_file(args.output, "output")
-        check_not_an_input(args.output, "output", {"input": args.input})
+        check_not_an_input(args.output, "output", {"input": args.input, "score": args.score},
+                           {"model directory": args.model} if args.engine == "ctranslate2"
+                           else read_dirs(hp))
     if args.plot_attention:
         check_writable_dir(args.plot_attention, "plot_attention")
     if args.nbest > hp.beam_size:

@@ -432,8 +432,8 @@ def remove_partial_checkpoints(logdir, prefix=None):
     for path in glob.glob(os.path.join(glob.escape(logdir), "*")):
         if ".tempstate" in os.path.basename(path) or (prefix and path.startswith(prefix + "_temp")):
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
-        elif prefix and path.startswith(prefix + "."):
-            os.remove(path)
+    for path in checkpoint_files(prefix) if prefix else ():
+        os.remove(path)
     remove_stale_pins(logdir)
 
 
@@ -536,8 +536,11 @@ def record_dev_bleu(logdir, ckpt, step, bleu):
     than best.json's makes ckpt the best, hard-linked (or copied) as LOGDIR/best-STEP, out of reach
     of the Saver's rotation; else one more evaluation without gain is counted. best.json is written
     atomically after the new files and before the old best's are removed, so it always names a
-    complete checkpoint. Returns the new best.json dict."""
+    complete checkpoint. Only the files of the checkpoint best.json named are removed, by their
+    exact names: whatever else starts with best- in the logdir is the user's. Returns the new
+    best.json dict."""
     best = read_best(logdir)
+    previous = best and best["checkpoint"]
     if best is not None and bleu <= best["bleu"]:
         best = {**best, "evals_without_gain": best["evals_without_gain"] + 1}
     else:
@@ -546,10 +549,9 @@ def record_dev_bleu(logdir, ckpt, step, bleu):
             link_or_copy(path, os.path.join(logdir, name + path[len(ckpt):]))
         best = {"step": int(step), "bleu": float(bleu), "checkpoint": name, "evals_without_gain": 0}
     atomic_write(os.path.join(logdir, BEST_JSON), json.dumps(best, indent=2) + "\n")
-    kept = os.path.join(logdir, best["checkpoint"])
-    for path in glob.glob(os.path.join(glob.escape(logdir), BEST + "-*")):
-        if not (path.startswith(kept) and CHECKPOINT_FILE_SUFFIX.fullmatch(path[len(kept):])):
-            os.remove(path)  # the previous best, and what a killed run left half-linked
+    if previous not in (None, best["checkpoint"]):
+        for path in checkpoint_files(os.path.join(logdir, previous)):
+            os.remove(path)
     return best
 
 

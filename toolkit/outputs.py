@@ -155,13 +155,34 @@ def check_writable_file(path, flag):
     _probe(path.parent, flag, path)
 
 
-def check_not_an_input(output, flag, inputs):
-    """Raises UserError if the output ``output`` (given as --flag) is one of ``inputs`` ({flag:
-    path}), through links and other names: an input is never replaced by an output."""
-    for input_flag, path in inputs.items():
-        if path and same_file(output, path):
-            raise UserError(f"--{flag} {output} is the file given as --{input_flag} {path}: it "
-                            f"would be replaced by the output; pass another --{flag}")
+def check_not_an_input(output, flag, inputs, dirs=None, said=None):
+    """Raises UserError if the output ``output`` (given as --flag; ``said``: how to name it, if not
+    so) is one of ``inputs`` ({flag: path or list of paths}) or an existing file of one of ``dirs``
+    ({what: path}: a logdir or data dir the tool reads), whatever its spelling (relative, a symbolic
+    link, a hard link): a tool never replaces what it reads, only what it writes."""
+    said = said or "--%s %s" % (flag, output)
+    for input_flag, paths in inputs.items():
+        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+            if path and same_file(output, path):
+                raise UserError(f"{said} is the file given as --{input_flag} {path}: it "
+                                f"would be replaced by the output; pass another --{flag}")
+    for what, directory in (dirs or {}).items():
+        held = directory and file_of_dir(output, directory)
+        if held:
+            raise UserError(f"{said} is {held}, a file of the {what} {directory}: it would be "
+                            f"replaced by the output; pass another --{flag}")
+
+
+def file_of_dir(path, directory):
+    """The name of the file of ``directory`` (directly in it) that ``path`` names, through links
+    and hard links; None if it names none (or does not exist)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return None
+    return next((entry.name for entry in entries if same_file(path, entry.path)), None)
 
 
 def same_file(first, second):

@@ -34,6 +34,12 @@ def trained_hparams(logdir, overrides):
     return hp
 
 
+def read_dirs(hp):
+    """{what: directory} of the directories a tool decoding with hp reads (its logdir and data dir),
+    whose files its outputs may not replace (outputs.check_not_an_input)."""
+    return {"logdir": hp.logdir, "data dir": hp.data_dir}
+
+
 def decoding_flags(given):
     """The decoding flags (hparams.DECODING_FLAGS) among `given`, parse_flags' dict of the flags
     given: those that override hparams.json in translate.py and serve.py."""

@@ -1,0 +1,82 @@
+"""Ownership: a tool deletes only the files it made, by the exact names it recorded, and never
+writes an output over one of its inputs or over a file of a logdir or data dir it reads, however
+the path is spelt (relative, a symbolic link, a hard link). Each refusal is one line, and nothing
+on disk changes."""
+import os
+
+import pytest
+import tensorflow as tf
+
+from test_faults import model, one_line  # noqa: F401 (model: a fixture)
+from toolkit.logdir import record_dev_bleu
+
+
+def snapshot(*directories):
+    """{path: bytes} of every file under the directories, to see that nothing changed."""
+    return {path: path.read_bytes() for directory in directories
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def test_dev_evaluations_remove_only_the_best_checkpoints_they_made(model):  # noqa: F811
+    logdir, _ = model
+    (logdir / "best-notes.txt").write_text("my notes\n")
+    (logdir / "best-plots").mkdir()
+    (logdir / "best-plots" / "bleu.png").write_bytes(b"png")
+    ckpt = tf.train.latest_checkpoint(str(logdir))
+    record_dev_bleu(str(logdir), ckpt, 10, 1000.0)
+    assert (logdir / "best-10.index").is_file()
+    record_dev_bleu(str(logdir), ckpt, 20, 2000.0)
+    assert not list(logdir.glob("best-10.*")) and (logdir / "best-20.index").is_file()
+    assert (logdir / "best-notes.txt").read_text() == "my notes\n"
+    assert (logdir / "best-plots" / "bleu.png").read_bytes() == b"png"
+
+
+def spell(path, how, tmp_path):
+    """Another name of path: relative to the working directory, a symbolic link or a hard link."""
+    other = tmp_path / ("%s-%s" % (how, path.name))
+    if how == "relative":
+        return os.path.relpath(path)
+    if how == "symlink":
+        other.symlink_to(path)
+    else:
+        os.link(path, other)
+    return other
+
+
+@pytest.mark.parametrize("how", ["relative", "symlink", "hardlink"])
+@pytest.mark.parametrize("target, what", [("reference", "--score"), ("hparams.json", "logdir"),
+                                          ("bpe.model", "data dir")])
+def test_translate_never_writes_over_what_it_reads(model, tmp_path, capsys, monkeypatch,  # noqa: F811
+                                                   how, target, what):
+    logdir, data_dir = model
+    monkeypatch.chdir(tmp_path)
+    source, reference = tmp_path / "source.txt", tmp_path / "reference.txt"
+    source.write_text("eins\n")
+    reference.write_text("one\n")
+    path = {"reference": reference, "hparams.json": logdir / "hparams.json",
+            "bpe.model": data_dir / "bpe.model"}[target]
+    output = spell(path, how, tmp_path)
+    before = snapshot(logdir, data_dir, tmp_path)
+    line = one_line(capsys, "translate.py", "--logdir", logdir, "--input", source, "--score",
+                    reference, "--output", output)
+    held = {"--score": "the file given as --score %s" % reference,
+            "logdir": "hparams.json, a file of the logdir %s" % logdir,
+            "data dir": "bpe.model, a file of the data dir %s" % data_dir}[what]
+    assert line == ("error: --output %s is %s: it would be replaced by the output; pass another "
+                    "--output" % (output, held))
+    assert snapshot(logdir, data_dir, tmp_path) == before
+
+
+def test_test_py_never_writes_its_hypotheses_over_its_source(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    testdir = tmp_path / "tests"
+    testdir.mkdir()
+    source, reference = testdir / "hypotheses.1.txt", tmp_path / "reference.txt"
+    source.write_text("eins\n")
+    reference.write_text("one\n")
+    before = snapshot(logdir, data_dir, tmp_path)
+    line = one_line(capsys, "test.py", "--logdir", logdir, "--testdir", testdir, "--src", source,
+                    "--ref", reference)
+    assert line == ("error: %s (written in --testdir) is the file given as --src %s: it would be "
+                    "replaced by the output; pass another --testdir" % (source, source))
+    assert snapshot(logdir, data_dir, tmp_path) == before
