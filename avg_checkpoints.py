@@ -18,7 +18,6 @@ train.py does.
 The last N are counted among train.py's checkpoints only: averaged checkpoints (names starting with
 avg_) are never averaged again. They are for testing and translating, not for resuming training.
 """
-import contextlib
 import os
 
 from toolkit import runtime  # first: TensorFlow's environment defaults
@@ -28,11 +27,13 @@ import tensorflow as tf
 
 from toolkit.errors import DiskFull, OneLineParser, UserError, run_cli, writing
 from toolkit.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams,
-                            logdir_lock,
-                    remove_partial_checkpoints)
+                            logdir_lock, open_checkpoint, reading, remove_partial_checkpoints)
 from toolkit.outputs import check_writable_dir
 
 tf1 = tf.compat.v1
+
+#: What to do about a checkpoint that can not be read.
+REMEDY = "average other checkpoints (a smaller --last) or delete it"
 
 #: What ends the names of Adam's two moment slots, and the names of its bias-correction powers.
 ADAM_SLOT_SUFFIXES = ("/Adam", "/Adam_1")
@@ -88,18 +89,6 @@ def select_checkpoints(logdir, last):
     return trained[-last:]
 
 
-def open_checkpoint(ckpt):
-    """A reader of ckpt and its variables {name: (shape tuple, tf.DType)}; an unreadable one is a
-    UserError."""
-    try:
-        reader = tf.train.load_checkpoint(ckpt)
-    except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as error:
-        raise UserError("cannot read checkpoint %s (%s)"
-                        % (ckpt, str(error).strip().splitlines()[0][:200])) from None
-    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    return reader, {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
-
-
 def check_same_variables(expected, found, expected_ckpt, found_ckpt):
     """expected, found: {name: (shape, dtype)} of two checkpoints. Different names or shapes are a
     UserError."""
@@ -111,34 +100,19 @@ def check_same_variables(expected, found, expected_ckpt, found_ckpt):
                         % (found_ckpt, expected_ckpt, len(differences), ", ".join(differences[:3])))
 
 
-@contextlib.contextmanager
-def reading(ckpt):
-    """A checkpoint whose tensors can not be read (a .data file cut short, damaged) is a UserError
-    naming it."""
-    try:
-        yield
-    # the reader raises OpError, IndexError, ... depending on the damage
-    except Exception as error:  # noqa: BLE001
-        raise UserError("cannot read checkpoint %s (%s): it is damaged; average other checkpoints "
-                        "(a smaller --last) or delete it"
-                        % (ckpt,
-                           (str(error).strip().splitlines() or [type(error).__name__])[0][:200])) \
-            from None
-
-
 def average(checkpoints):
     """checkpoints: paths, oldest first. Returns {name: numpy value}: model weights averaged over
     all of them (summed in float64), every other variable taken from the newest."""
-    newest, variables = open_checkpoint(checkpoints[-1])
+    newest, variables = open_checkpoint(checkpoints[-1], REMEDY)
     sums = {name: np.zeros(shape, np.float64) for name, (shape, dtype) in variables.items()
             if is_weight(name, dtype)}
     for ckpt in checkpoints:
-        reader, found = open_checkpoint(ckpt)
+        reader, found = open_checkpoint(ckpt, REMEDY)
         check_same_variables(variables, found, checkpoints[-1], ckpt)
-        with reading(ckpt):
+        with reading(ckpt, REMEDY):
             for name, total in sums.items():
                 total += reader.get_tensor(name)
-    with reading(checkpoints[-1]):
+    with reading(checkpoints[-1], REMEDY):
         values = {name: newest.get_tensor(name) for name in variables if name not in sums}
     values.update({name: (total / len(checkpoints)).astype(variables[name][1].as_numpy_dtype)
                    for name, total in sums.items()})

@@ -13,6 +13,7 @@ import math
 
 from toolkit.datadir import MANIFEST_NAME
 from toolkit.errors import OneLineParser, UserError
+from toolkit.textfiles import type_problem
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its
 #: own flags): where the model and data are, how to decode, and how to run. Everything else comes
@@ -360,10 +361,6 @@ def check_ranges(hp, flags=None):
 #: dir).
 RECORDED_TYPES = {"vocab_size": (int,), "vocab_sha256": (str, type(None)),
                   "bpe_sha256": (str, type(None)), "data_dir": (str,)}
-#: How the types a value may have are named to the user.
-TYPE_NAMES = {(int,): "an integer", (float, int): "a number", (str,): "a string", (bool,): "true "
-              "or false", (str, type(None)): "a string or null", (float, int, type(None)): "a "
-              "number or null"}
 
 
 def expected_types(action):
@@ -381,14 +378,11 @@ def type_error(saved, fpath):
     its recorded key, RECORDED_TYPES) or that is not among the flag's choices, as one sentence
     naming the file and the key; None when all fit. Hand edits are where these come from."""
     actions = {action.dest: action for action in Hparams().parser._actions}
+    schema = {**RECORDED_TYPES, **{key: expected_types(action) for key, action in actions.items()}}
+    problem = type_problem(saved, schema, fpath, "fix it, or restore the file from a copy")
+    if problem:
+        return problem
     for key, value in saved.items():
-        types = expected_types(actions[key]) if key in actions else RECORDED_TYPES.get(key)
-        if types is None:
-            continue
-        # type(): true is no integer here, although bool subclasses int
-        if type(value) not in types:
-            return ("%s: %s is %s but must be %s: fix it, or restore the file from a copy"
-                    % (fpath, key, json.dumps(value), TYPE_NAMES[types]))
         choices = actions[key].choices if key in actions else None
         if choices and value not in choices:
             return ("%s: %s is %s but must be one of %s: fix it, or restore the file from a copy"

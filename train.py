@@ -39,7 +39,8 @@ from toolkit.outputs import atomic_write, check_writable_dir
 from toolkit.stop_request import StopNow, StopRequest
 from toolkit.textfiles import read_lines
 from toolkit.train_checkpoints import disk_full, last_good_checkpoint, restore_or_init, save
-from toolkit.train_flags import check_init_vocab, config_flags, init_model_flags, init_source
+from toolkit.train_flags import (check_init_vocab, check_resume_init, init_model_flags, init_source,
+                                 with_config)
 from toolkit.train_graph import build_graph
 from utils import Progress, calc_bleu, get_hypotheses
 
@@ -58,9 +59,11 @@ def resolve_hparams(argv):
     parser = Hparams(prog="train.py").parser
     hp, given = parse_flags(parser, argv)
     if hp.config:
-        given = {**config_flags(hp.config), **given}
+        given = with_config(given, hp.config)
     trained_on = source = None
     if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
+        check_resume_init(hp.logdir, given)
+        read_best(hp.logdir)  # a damaged best.json is refused before anything is written
         hp, trained_on = load_trained_hparams(hp.logdir, given), trained_data_dir(hp.logdir)
     else:
         check_hparams_present(hp.logdir)
@@ -212,7 +215,6 @@ def train(hp, manifest, cluster):
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)
-        read_best(hp.logdir)  # a damaged best.json is refused now, not at the first dev evaluation
     runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
         last_ckpt = restore_or_init(sess, g, hp.logdir, hp.init_from)

@@ -12,9 +12,10 @@ from toolkit.logdir import record_dev_bleu
 
 
 def snapshot(*directories):
-    """{path: bytes} of every file under the directories, to see that nothing changed."""
-    return {path: path.read_bytes() for directory in directories
-            for path in sorted(directory.rglob("*")) if path.is_file()}
+    """{path: bytes} of every file under the directories, to see that nothing changed (but the
+    lock, which train.py takes, and describes itself in, before it reads anything)."""
+    return {path: path.read_bytes() for directory in directories for path
+            in sorted(directory.rglob("*")) if path.is_file() and path.name != "train.lock"}
 
 
 def test_dev_evaluations_remove_only_the_best_checkpoints_they_made(model):  # noqa: F811

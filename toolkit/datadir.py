@@ -35,7 +35,7 @@ from toolkit.ids import SPECIAL_PIECES
 from toolkit.idsfile import ids_dtype, map_file, release_pages
 from toolkit.locks import exclusive_lock
 from toolkit.outputs import same_file, write_json
-from toolkit.textfiles import iter_lines, read_json
+from toolkit.textfiles import check_types, iter_lines, read_json
 import toolkit.staging
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
@@ -218,9 +218,28 @@ def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
     if not isinstance(manifest, dict) or "splits" not in manifest:
         raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with "
                         "`python prepro.py --data_dir %s --force`" % (fpath, data_dir))
+    check_manifest_types(data_dir, fpath, manifest)
     check_names(data_dir, fpath, manifest)
     check_files(data_dir, manifest, splits)
     return manifest
+
+
+#: The types of a manifest's values (the names of its files are check_names's), and of a split's.
+MANIFEST_SCHEMA = {"format": int, "dataset": str, "src_lang": str, "tgt_lang": str,
+                   "vocab_size": int, "ids_dtype": str, "splits": dict, "options": dict,
+                   "inputs": dict}
+SPLIT_SCHEMA = {"lines": int}
+
+
+def check_manifest_types(data_dir, fpath, manifest):
+    """Refuses a manifest (read from fpath) whose values, or its splits' line counts, have another
+    type than prepro.py writes (a hand edit)."""
+    remedy = "rebuild the data dir with `python prepro.py --data_dir %s --force`" % data_dir
+    check_types(manifest, MANIFEST_SCHEMA, fpath, remedy)
+    check_types(manifest["splits"], dict.fromkeys(manifest["splits"], dict), fpath, remedy,
+                "splits.")
+    for split, entry in manifest["splits"].items():
+        check_types(entry, SPLIT_SCHEMA, fpath, remedy, "splits.%s." % split)
 
 
 def check_names(data_dir, fpath, manifest):

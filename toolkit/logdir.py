@@ -39,7 +39,7 @@ from model import SCHEDULE_TOTAL_STEPS
 from toolkit.locks import exclusive_lock, process_description
 from toolkit.outputs import atomic_write
 from toolkit.staging import remove_stale
-from toolkit.textfiles import read_json
+from toolkit.textfiles import check_types, read_json
 
 tf1 = tf.compat.v1
 
@@ -192,6 +192,38 @@ def check_trained(ckpt, logdir):
         raise UserError("%s holds untrained weights (global step 0: a run interrupted before its "
                         "first step saved it): train first, or pass another --ckpt; checkpoints in "
                         "%s: %s" % (ckpt, logdir, existing_checkpoints(logdir)))
+
+
+def open_checkpoint(ckpt, remedy):
+    """A reader of ckpt and its variables {name: (shape tuple, tf.DType)}; one that can not be read
+    (a truncated .index, a file that is no checkpoint) is a UserError naming it and ``remedy``."""
+    with reading(ckpt, remedy):
+        reader = tf.train.load_checkpoint(ckpt)
+        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    return reader, {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
+
+
+@contextlib.contextmanager
+def reading(ckpt, remedy):
+    """A checkpoint whose files can not be read (an .index or .data file cut short, damaged, not a
+    checkpoint) while the block reads it is a UserError naming it, the reader's reason and
+    ``remedy``."""
+    try:
+        yield
+    # the reader raises OpError, IndexError, ... depending on the damage
+    except Exception as error:  # noqa: BLE001
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UserError("cannot read checkpoint %s (%s): it is damaged; %s"
+                        % (ckpt, reason, remedy)) from None
+
+
+def check_readable(ckpt, remedy):
+    """Reads every tensor of ckpt, one at a time: a damaged checkpoint is refused (open_checkpoint,
+    reading) before a run that needs it writes anything."""
+    reader, variables = open_checkpoint(ckpt, remedy)
+    with reading(ckpt, remedy):
+        for name in variables:
+            reader.get_tensor(name)
 
 
 #: Name prefix of the checkpoints avg_checkpoints.py writes; training resumes from its own
@@ -503,9 +535,9 @@ class EventsFile:
 
 
 #: The name of the best checkpoint (BEST-STEP, kept beside the ones that --keep_checkpoints
-#: rotates), as --ckpt takes it, and of the file that names it: {"step", "bleu", "checkpoint",
-#: "evals_without_gain"}.
+#: rotates), as --ckpt takes it, and of the file that names it, with its values' types.
 BEST, BEST_JSON = "best", "best.json"
+BEST_SCHEMA = {"step": int, "bleu": (float, int), "checkpoint": str, "evals_without_gain": int}
 
 
 def read_best(logdir):
@@ -514,10 +546,11 @@ def read_best(logdir):
     if not os.path.exists(fpath):
         return None
     best = read_json(fpath, "delete it: the next dev evaluation of train.py writes it again")
-    if not isinstance(best, dict) or not {"step", "bleu", "checkpoint",
-                                          "evals_without_gain"} <= set(best):
+    if not isinstance(best, dict) or not set(BEST_SCHEMA) <= set(best):
         raise UserError("%s is not a best.json written by train.py: delete it, the next dev "
                         "evaluation writes it again" % fpath)
+    check_types(best, BEST_SCHEMA, fpath, "fix it, or delete it: the next dev evaluation of "
+                "train.py writes it again")
     return best
 
 

@@ -1,6 +1,6 @@
 """Reading text files: UTF-8 lines one at a time ('\\r\\n', a missing final newline, a byte-order
-mark and gzip compression are fine; invalid UTF-8 is a line naming where), JSON, and the cleaning
-every input line gets."""
+mark and gzip compression are fine; invalid UTF-8 is a line naming where), JSON and the types of
+its values (the one schema check of every JSON file), and the cleaning every input line gets."""
 import gzip
 import io
 import json
@@ -94,3 +94,39 @@ def read_json(fpath, remedy):
     except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
         raise UserError("%s is not valid JSON (%s): %s"
                         % (fpath, str(error).splitlines()[0][:120], remedy)) from None
+    except RecursionError:
+        raise UserError("%s is nested too deeply to be read: %s" % (fpath, remedy)) from None
+
+
+#: How each type a JSON value may have is named to the user.
+JSON_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+                   list: "a list", dict: "an object", type(None): "null"}
+
+
+def type_names(types):
+    """How a value of one of ``types`` is named to the user, e.g. "a number or null" (an integer is
+    a number)."""
+    return " or ".join(JSON_TYPE_NAMES[kind] for kind in types
+                       if not (kind is int and float in types))
+
+
+def type_problem(values, schema, fpath, remedy, where=""):
+    """The one sentence naming fpath and the first key of the dict ``values`` whose value is not of
+    the type(s) ``schema`` gives for it ({key: type or tuple of types}); None when all fit. Every
+    JSON file the toolkit reads is checked through it, since hand edits reach all of them. Keys
+    outside the schema, or missing, are the caller's to judge; true is no integer here. where: what
+    the keys are named after, in the file (e.g. "splits.")."""
+    for key, types in schema.items():
+        types = types if isinstance(types, tuple) else (types,)
+        if key in values and type(values[key]) not in types:
+            return ("%s: %s is %s but must be %s: %s"
+                    % (fpath, where + key, json.dumps(values[key])[:80], type_names(types),
+                       remedy))
+    return None
+
+
+def check_types(values, schema, fpath, remedy, where=""):
+    """Raises the UserError of type_problem, if any."""
+    problem = type_problem(values, schema, fpath, remedy, where)
+    if problem:
+        raise UserError(problem)

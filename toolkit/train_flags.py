@@ -2,11 +2,15 @@
 hparams.json, or a JSON object of flag values) and --init_from (the model shape and vocabulary of
 the run a new one starts from)."""
 import os
+import sys
+from argparse import Namespace
 
-from hparams import MODEL_FLAGS, Hparams, type_error
+from hparams import MODEL_FLAGS, Hparams, range_error, type_error
 from toolkit.datadir import BPE_MODEL
 from toolkit.errors import UserError
-from toolkit.logdir import HPARAMS_NAME, check_trained, find_checkpoint, load_trained_hparams
+from toolkit.logdir import (HPARAMS_NAME, check_readable, check_trained, find_checkpoint,
+                            load_trained_hparams, saved_hparams)
+from toolkit.outputs import same_file
 from toolkit.textfiles import read_json
 
 
@@ -18,8 +22,11 @@ CONFIG_SKIPPED = ("vocab_size", "vocab_sha256", "bpe_sha256", "logdir", "config"
 
 def config_flags(fpath):
     """The flags of --config FILE: another run's hparams.json, or a JSON object of flag values,
-    without CONFIG_SKIPPED; each value's type checked. A key that is no flag of train.py is a
-    UserError naming it."""
+    without CONFIG_SKIPPED; each value's type and range checked, naming the file and key. A key that
+    is no flag of train.py is a UserError naming it."""
+    if os.path.isdir(fpath):
+        raise UserError("--config %s is a directory: pass a JSON file of flag values, e.g. a run's "
+                        "hparams.json" % fpath)
     if not os.path.isfile(fpath):
         raise UserError("--config %s not found: pass a JSON file of flag values, e.g. a run's "
                         "hparams.json" % fpath)
@@ -32,23 +39,47 @@ def config_flags(fpath):
         if key not in flags and key not in CONFIG_SKIPPED:
             raise UserError("--config %s: unknown key \"%s\", not a flag of train.py: remove it "
                             "(train.py --help lists the flags)" % (fpath, key))
-    problem = type_error(values, fpath)
+    problem = type_error(values, fpath) or range_error(Namespace(**values), values,
+                                                                     where=fpath)
     if problem:
         raise UserError(problem)
     return {key: value for key, value in values.items() if key not in CONFIG_SKIPPED}
 
 
+def with_config(given, fpath):
+    """The flags given on the command line on top of those of --config FILE: the command line wins,
+    and one line on standard error names the config's keys it overrides."""
+    config = config_flags(fpath)
+    overridden = [key for key in config if key in given and given[key] != config[key]]
+    if overridden:
+        print("note: the command line overrides --config %s for %s" % (
+            fpath, ", ".join("--" + key for key in overridden)), file=sys.stderr)
+    return {**config, **given}
+
+
 def init_source(path):
     """(hyperparameters, checkpoint) of --init_from PATH: a logdir and its latest checkpoint, or a
-    checkpoint (best: the best by dev BLEU) and the logdir it is in."""
+    checkpoint (best: the best by dev BLEU) and the logdir it is in; a checkpoint that can not be
+    read is refused here, before the new run writes anything."""
     logdir = path if os.path.isdir(path) else os.path.dirname(path) or "."
     if not os.path.exists(os.path.join(logdir, HPARAMS_NAME)):
         raise UserError("--init_from %s is neither a logdir written by train.py nor a checkpoint "
                         "in one (no %s in %s)" % (path, HPARAMS_NAME, logdir))
     source = load_trained_hparams(logdir, {})
     ckpt = find_checkpoint(logdir, "" if os.path.isdir(path) else path)
+    check_readable(ckpt, "pass another --init_from")
     check_trained(ckpt, logdir)
     return source, ckpt
+
+
+def check_resume_init(logdir, given):
+    """A logdir that holds a run resumes from its own checkpoints: --init_from another run there
+    is refused, since hparams.json would record weights that the run never starts from."""
+    init_from, recorded = given.get("init_from"), saved_hparams(logdir).get("init_from") or ""
+    if init_from and not (init_from == recorded or same_file(init_from, recorded)):
+        raise UserError("--logdir %s already holds a run, which resumes from its own checkpoints, "
+                        "not from --init_from %s: pass a new --logdir to fine-tune from it, or "
+                        "leave out --init_from to resume" % (logdir, init_from))
 
 
 def init_model_flags(given, source):

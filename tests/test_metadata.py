@@ -1,0 +1,114 @@
+"""Metadata is checked before it is used: --init_from's checkpoint is read whole before a new run
+writes anything, a logdir that holds a run does not take another's weights, --config's file and
+values are named when wrong, and every JSON file the toolkit reads (best.json, manifest.json,
+hparams.json, configs) has the types of its values checked, ending a hand edit in one line."""
+import json
+import os
+import re
+
+import tensorflow as tf
+
+from test_faults import fresh_train, model, one_line  # noqa: F401 (model: a fixture)
+from test_ownership import snapshot
+from toolkit.datadir import MANIFEST_NAME
+from toolkit.train_flags import with_config
+
+
+def halve(path):
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def test_a_damaged_init_from_is_one_line_and_writes_nothing(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    ckpt = tf.train.latest_checkpoint(str(logdir))
+    for damage, target in ((halve, ckpt + ".data-00000-of-00001"), (halve, ckpt + ".index"),
+                           (None, str(logdir / "specs.txt"))):
+        if damage:
+            damage(target)
+        source = ckpt if damage else target
+        new = tmp_path / ("new-%s" % os.path.basename(target))
+        line = one_line(capsys, *fresh_train(data_dir, new, "--init_from", source))
+        assert re.fullmatch(r"error: cannot read checkpoint %s \(.+\): it is damaged; pass another "
+                            r"--init_from" % re.escape(source), line), line
+        assert not new.exists()
+
+
+def test_an_existing_logdir_does_not_take_another_runs_weights(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    other = tmp_path / "other"
+    before = snapshot(logdir)
+    line = one_line(capsys, *fresh_train(data_dir, logdir, "--init_from", other))
+    assert line == ("error: --logdir %s already holds a run, which resumes from its own "
+                    "checkpoints, not from --init_from %s: pass a new --logdir to fine-tune from "
+                    "it, or leave out --init_from to resume" % (logdir, other))
+    assert snapshot(logdir) == before
+
+
+def test_config_errors_name_the_file_and_the_key(model, tmp_path, capsys):  # noqa: F811
+    _, data_dir = model
+    new = tmp_path / "new"
+    line = one_line(capsys, *fresh_train(data_dir, new, "--config", tmp_path))
+    assert line == ("error: --config %s is a directory: pass a JSON file of flag values, e.g. a "
+                    "run's hparams.json" % tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text("[" * 100000 + "]" * 100000)
+    line = one_line(capsys, *fresh_train(data_dir, new, "--config", config))
+    assert line == ("error: %s is nested too deeply to be read: fix it, or pass another --config"
+                    % config)
+    config.write_text(json.dumps({"lr": -1}))
+    line = one_line(capsys, *fresh_train(data_dir, new, "--config", config))
+    assert line.startswith("error: %s: lr is -1, out of range: it must be " % config), line
+    assert not new.exists()
+
+
+def test_the_command_line_overrides_a_config_with_one_line(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"lr": 0.01, "d_model": 32, "d_ff": 64}))
+    given = with_config({"lr": 0.5, "d_model": 32}, str(config))
+    assert given == {"lr": 0.5, "d_model": 32, "d_ff": 64}
+    assert capsys.readouterr().err == ("note: the command line overrides --config %s for --lr\n"
+                                       % config)
+
+
+def edit_json(path, **values):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+
+
+def test_a_hand_edited_best_json_is_one_line(model, capsys):  # noqa: F811
+    logdir, data_dir = model
+    best = logdir / "best.json"
+    for key, value, must_be in (("bleu", "18.0", "a number"), ("checkpoint", 7, "a string"),
+                                ("step", "60", "an integer")):
+        original = best.read_text()
+        edit_json(best, **{key: value})
+        before = snapshot(logdir)
+        expected = ("error: %s: %s is %s but must be %s: fix it, or delete it: the next dev "
+                    "evaluation of train.py writes it again" % (best, key, json.dumps(value),
+                                                                must_be))
+        assert one_line(capsys, "test.py", "--logdir", logdir, "--ckpt", "best") == expected
+        assert one_line(capsys, *fresh_train(data_dir, logdir, "--max_steps", "100")) == expected
+        assert snapshot(logdir) == before
+        best.write_text(original)
+
+
+def test_a_hand_edited_manifest_is_one_line(model, capsys):  # noqa: F811
+    logdir, data_dir = model
+    manifest = data_dir / MANIFEST_NAME
+    edit_json(manifest, vocab_size="300")
+    before = snapshot(logdir, data_dir)
+    expected = ("error: %s: vocab_size is \"300\" but must be an integer: rebuild the data dir "
+                "with `python prepro.py --data_dir %s --force`" % (manifest, data_dir))
+    assert one_line(capsys, "test.py", "--logdir", logdir) == expected
+    assert one_line(capsys, *fresh_train(data_dir, logdir, "--max_steps", "100")) == expected
+    assert snapshot(logdir, data_dir) == before
+
+
+def test_avg_checkpoints_on_a_truncated_index_is_one_line(model, capsys):  # noqa: F811
+    logdir, _ = model
+    ckpt = tf.train.latest_checkpoint(str(logdir))
+    halve(ckpt + ".index")
+    before = snapshot(logdir)
+    line = one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1")
+    assert re.fullmatch(r"error: cannot read checkpoint %s \(.+\): it is damaged; average other "
+                        r"checkpoints \(a smaller --last\) or delete it" % re.escape(ckpt), line)
+    assert snapshot(logdir) == before
