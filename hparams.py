@@ -315,7 +315,9 @@ RANGES = {
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),
     "smoothing": in_range(0, 1, "at least 0 and below 1"), "keep_checkpoints": at_least(1),
     "patience": at_least(0), "eval_every": at_least(0), "summary_every": at_least(1),
-    "threads": at_least(0), "beam_size": at_least(1), "alpha": at_least(0),
+    # a session's thread pools: far beyond any machine's cores, and TensorFlow's int32 limit
+    "threads": in_range(0, 4097, "from 0 (every core) to 4096"),
+    "beam_size": at_least(1), "alpha": at_least(0),
     "max_len_a": at_least(0), "max_len_b": at_least(1),
      # at least one decoding step, whatever the source length
     "test_batch_size": at_least(1), "nbest": at_least(1),

@@ -184,6 +184,14 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+def interrupted_at_start(signum, frame):
+    """The SIGINT handler of a tool until run_cli runs its main (toolkit.runtime installs it):
+    Ctrl-C while the tool imports TensorFlow is run_cli's one line and exit code 130, not a
+    KeyboardInterrupt's traceback through the imports."""
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(128 + signal.SIGINT)
+
+
 def end_quietly_on_a_closed_pipe():
     """Standard output was closed by its reader (`tool | head -1`): end as cat does, without a word.
     Standard output is pointed at /dev/null so that Python's final flush does not fail again."""
@@ -200,6 +208,8 @@ def run_cli(main):
     standard output ends the tool quietly (exit code 141, as a process killed by SIGPIPE); Ctrl-C or
     SIGTERM that main() does not handle itself is one line and exit code 130 or 143."""
     previous = signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is interrupted_at_start:  # the tool has started
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = main()
         # None: started with it closed (1>&-), where print() writes nothing

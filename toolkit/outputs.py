@@ -125,6 +125,8 @@ def check_writable_dir(path, flag):
     """Raises UserError unless ``path`` (given as --flag) is, or can be created as, a directory that
     this process can write files in; creates nothing. Tools call it before any work, so that a bad
     path never costs a run."""
+    if not str(path):  # "" would be the working directory to some calls, no path to others
+        raise UserError(f"--{flag} is empty: pass a directory")
     existing = nearest_existing(path)
     if not existing.is_dir():
         where = (f"{path} is" if existing == Path(os.path.abspath(path))

@@ -28,9 +28,12 @@ import importlib.abc
 import importlib.machinery
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+
+from toolkit import errors
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -131,6 +134,21 @@ class QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if "tensorflow" not in sys.modules:
     sys.meta_path.insert(0, QuietTensorFlowImport())
+
+
+def started_as_a_tool():
+    """Whether this process runs one of the toolkit's scripts (a tool at the top, or scripts/), not
+    a program that imports the toolkit (pytest, a user's own)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return bool(main) and os.path.dirname(os.path.realpath(main)) in (root, os.path.join(root,
+                                                                                         "scripts"))
+
+
+# Ctrl-C while the tool imports (TensorFlow takes seconds) is one line, as in its main (run_cli);
+# a SIGINT that the shell ignores (a background job) stays ignored
+if started_as_a_tool() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, errors.interrupted_at_start)
 
 #: CPU flags (as /proc/cpuinfo spells them) that give fast bfloat16 matrix products in oneDNN.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
