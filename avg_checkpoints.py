@@ -49,16 +49,14 @@ def is_weight(name, dtype):
 def parse_args(argv):
     """The command-line flags; a bad --last or --output is a UserError."""
     parser = OneLineParser(prog="avg_checkpoints.py", description="Average the weights of the last "
-                           "N checkpoints "
-                                                                  "of a logdir into a new "
-                           "checkpoint there, which "
+                                                                  "N checkpoints of a logdir into "
+                                                                  "a new checkpoint there, which "
                                                                   "becomes the latest.")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--last", type=int, required=True, help="how many of the newest "
-                        "checkpoints to average")
+                                                                "checkpoints to average")
     parser.add_argument("--output", help="name of the new checkpoint, saved as LOGDIR/OUTPUT-STEP; "
-                        "must start "
-                                         "with %s (default %slastN)"
+                                         "must start with %s (default %slastN)"
                         % (AVERAGED_PREFIX, AVERAGED_PREFIX))
     args = parser.parse_args(argv)
     if args.last < 1:

@@ -1,10 +1,11 @@
 """tf.data input pipeline over the ids that prepro.py writes (idsfile.py), memory-mapped.
 
 A batch is a pair (xs, ys) of named tuples:
-    xs = Sources(x, x_seqlen):               x (N, T1) int32 = source ids + </s>, padded with 0;
-                                             x_seqlen (N,)
-    ys = Targets(decoder_input, y, y_seqlen): decoder_input (N, T2) = <s> + target ids, y (N, T2) =
-    target ids + </s>
+    xs = Sources(x, x_seqlen):   x (N, T1) int32 = source ids + </s>, padded with 0;
+                                 x_seqlen (N,)
+    ys = Targets(decoder_input, y, y_seqlen):
+                                 decoder_input (N, T2) = <s> + target ids;
+                                 y (N, T2) = target ids + </s>; y_seqlen (N,)
 No strings ride along: an empty source line is x_seqlen == 1, and references are read from the
 split's text files.
 

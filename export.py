@@ -1,11 +1,11 @@
 """Exports a trained model, with its sentencepiece model, as a SavedModel that translates batches of
 token ids (the default) or as a CTranslate2 model directory.
 
-    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best] \
+    python export.py --logdir runs/numbers --export_dir export/numbers [--ckpt PATH|best] \\
         [--beam_size 4 --alpha 0.6]
-    python export.py --logdir runs/numbers --export_dir ct2/numbers --format ctranslate2 \
+    python export.py --logdir runs/numbers --export_dir ct2/numbers --format ctranslate2 \\
         [--quantization int8]
-    python export.py --logdir runs/numbers --export_dir de_en.argosmodel --format argos \
+    python export.py --logdir runs/numbers --export_dir de_en.argosmodel --format argos \\
         [--quantization int8]
 
 Signature serving_default:
@@ -54,26 +54,25 @@ TRAINED_OVERRIDES = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
 def build_parser():
     """The command line of export.py."""
     parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel "
-                           "(signature "
-                                                 "serving_default: src_ids -> ids, scores) with "
-                           "its sentencepiece "
-                                                 "model among the assets.",
+                                                         "(signature serving_default: src_ids -> "
+                                                         "ids, scores) with its sentencepiece "
+                                                         "model among the assets.",
                            unrecognized_hint=TRAINED_FLAGS_HINT)
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must "
-                        "not exist yet")
+                                                            "not exist yet")
     parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in "
-                        "--logdir; best: the "
-                                                   "best by dev BLEU (LOGDIR/best.json)")
+                                                   "--logdir; best: the best by dev BLEU "
+                                                   "(LOGDIR/best.json)")
     parser.add_argument("--data_dir", help="data dir with the model's bpe.model; default the one "
-                        "in hparams.json")
+                                           "in hparams.json")
     parser.add_argument("--beam_size", type=int, help="beam width, 1 is greedy; default from "
-                        "hparams.json")
+                                                      "hparams.json")
     parser.add_argument("--alpha", type=float, help="length penalty ((5+len)/6)^alpha; default "
-                        "from hparams.json")
+                                                    "from hparams.json")
     parser.add_argument("--max_len_a", type=float, help="decode at most max_len_a * source length "
-                        "+ max_len_b "
-                                                        "steps; default from hparams.json")
+                                                        "+ max_len_b steps; default from "
+                                                        "hparams.json")
     parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
     parser.add_argument("--format", choices=["savedmodel", "ctranslate2", "argos"],
                         default="savedmodel",
@@ -83,8 +82,8 @@ def build_parser():
                              "for LibreTranslate, --export_dir naming the .argosmodel file (needs "
                              "ctranslate2 and spacy)")
     parser.add_argument("--quantization", choices=["float32", "int8", "int16"],
-                        help="weight type of --format ctranslate2 or argos (default float32); "
-                             "the SavedModel is float32")
+                        help="weight type of --format ctranslate2 or argos (default float32); the "
+                             "SavedModel is float32")
     argos_package.add_flags(parser)
     return parser
 
@@ -184,9 +183,8 @@ def main(argv=None):
     if args.format == "ctranslate2":
         export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s "
-              "\"a sentence\""
-              % (os.path.basename(ckpt), args.quantization, args.export_dir,
-                 shlex.quote(args.export_dir)))
+              "\"a sentence\"" % (os.path.basename(ckpt), args.quantization, args.export_dir,
+                                  shlex.quote(args.export_dir)))
         return 0
     if args.format == "argos":
         argos_package.export(args, hp, trained.manifest, ckpt, bpe_model)
@@ -195,8 +193,8 @@ def main(argv=None):
     with trained.session() as sess:
         ckpt = trained.ckpt
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)
-    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a "
-          "sentence\""
+    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s "
+          "\"a sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir,
              shlex.quote(args.export_dir)))
     return 0

@@ -1,9 +1,8 @@
 """Every hyperparameter of the toolkit as an argparse flag.
 
 Hyperparameters flow one way: argparse -> namespace -> `hparams.json` in the logdir (written by
-train.py)
--> restored namespace (test.py, translate.py and every later tool read the model's shape from
-there).
+train.py) -> restored namespace (test.py, translate.py and every later tool read the model's shape
+from there).
 
     hp = Hparams().parser.parse_args(["--data_dir", "data/numbers"])
 """
@@ -45,11 +44,11 @@ class Hparams:
 
     def __init__(self, only=None, prog=None, description=None):
         parser = OneLineParser(
-            prog=prog, description=description or "Transformer NMT (TF1 graph mode on TensorFlow "
-            "2). Source is "
-                                                   "side 1, target side "
-            "2." + (" A flag not given keeps its value "
-                                                   "in LOGDIR/hparams.json." if only else ""),
+            prog=prog,
+            description=description or ("Transformer NMT (TF1 graph mode on TensorFlow 2). Source "
+                                        "is side 1, target side 2." + (
+                                            " A flag not given keeps its value in "
+                                            "LOGDIR/hparams.json." if only else "")),
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
             unrecognized_hint=TRAINED_FLAGS_HINT if only else "")
         self._add_data(_Only(parser.add_argument_group("data"), only))
@@ -68,25 +67,21 @@ class Hparams:
                            help="where checkpoints, hparams.json, summaries and dev hypotheses go")
         group.add_argument("--maxlen1", type=int, default=100,
                            help="longest training source in BPE pieces (with </s>); longer pairs "
-                           "are skipped")
+                                "are skipped")
         group.add_argument("--maxlen2", type=int, default=100,
                            help="longest training target in BPE pieces (with </s>); longer pairs "
-                           "are skipped")
+                                "are skipped")
         group.add_argument("--truncate", action="store_true",
                            help="truncate over-long training pairs to maxlen1/maxlen2 instead of "
-                           "skipping them")
+                                "skipping them")
         group.add_argument("--bpe_dropout", type=float, default=0.0,
                            help="segment the training text anew each epoch with BPE-dropout at "
-                           "this rate (Provilkov "
-                                "et al., 2020: at each merge step each possible merge is dropped "
-                           "with this "
-                                "probability, so words come in varying, finer pieces; a "
-                           "regulariser; it lengthens "
-                                "the sequences, by about 21%% at 0.1 on Multi30k, and did not pay "
-                           "in the recipe's "
+                                "this rate (Provilkov et al., 2020: at each merge step each "
+                                "possible merge is dropped with this probability, so words come in "
+                                "varying, finer pieces; a regulariser; it lengthens the sequences, "
+                                "by about 21%% at 0.1 on Multi30k, and did not pay in the recipe's "
                                 "runs, docs/log/recipe-log.md); 0: prepro's segmentation. Dev, "
-                           "test and "
-                                "translation always use prepro's")
+                                "test and translation always use prepro's")
 
     @staticmethod
     def _add_model(group):
@@ -102,158 +97,137 @@ class Hparams:
                            help="dropout on embeddings and sublayers")
         group.add_argument("--attention_dropout", type=float, default=None,
                            help="dropout on the attention weights (softmax outputs); default: "
-                           "--dropout_rate")
+                                "--dropout_rate")
         group.add_argument("--relu_dropout", type=float, default=MODEL_DEFAULTS["relu_dropout"],
                            help="dropout on the feed-forward sublayers' inner ReLU activations "
-                           "(the paper has none)")
+                                "(the paper has none)")
         group.add_argument("--norm_type", choices=["post", "pre"],
                            default=MODEL_DEFAULTS["norm_type"], help="post: LN(x + f(x)) as in the "
-                           "paper; pre: x + f(LN(x)), steadier when deep")
+                                                                     "paper; pre: x + f(LN(x)), "
+                                                                     "steadier when deep")
         group.add_argument("--impl", choices=["fast", "reference"], default=MODEL_DEFAULTS["impl"],
                            help="fast: fused products, custom gradients, mixed precision and "
-                           "(--kernels) C++ "
-                                "kernels (fast/); reference: modules.py's plain TensorFlow ops in "
-                           "float32, the "
-                                "paper as written, slower. The same variables: checkpoints move "
-                           "between the two, "
-                                "and test.py, translate.py and export.py may choose another than "
-                           "training did")
+                                "(--kernels) C++ kernels (fast/); reference: modules.py's plain "
+                                "TensorFlow ops in float32, the paper as written, slower. The same "
+                                "variables: checkpoints move between the two, and test.py, "
+                                "translate.py and export.py may choose another than training did")
 
     @staticmethod
     def _add_training(group):
         group.add_argument("--batch_type", choices=["tokens", "sentences"], default="tokens",
                            help="tokens: length-bucketed batches of at most batch_size tokens "
-                           "(padding "
-                                "included); sentences: batch_size sentences per batch")
+                                "(padding included); sentences: batch_size sentences per batch")
         group.add_argument("--batch_size", type=int, default=4096,
                            help="tokens per batch (batch_type tokens) or sentences per batch")
         group.add_argument("--bucket_growth", type=float, default=0.05,
                            help="batch_type tokens: each bucket's padded width is this fraction "
-                           "wider than the "
-                                "last, once that exceeds one token (0.05: widths 1 to 20, then 21, "
-                           "23, 25, ...); "
-                                "more growth means fewer batch shapes (less memory) but more "
-                           "padding")
+                                "wider than the last, once that exceeds one token (0.05: widths 1 "
+                                "to 20, then 21, 23, 25, ...); more growth means fewer batch "
+                                "shapes (less memory) but more padding")
         group.add_argument("--num_epochs", type=int, default=20, help="epochs to train")
         group.add_argument("--max_steps", type=int, default=0,
                            help="stop (with a checkpoint) at this global step; 0 means no limit")
         group.add_argument("--max_minutes", type=float, default=0,
                            help="stop (with dev BLEU and a checkpoint) after this many minutes of "
-                           "training in this "
-                                "run; 0 means no limit")
+                                "training in this run; 0 means no limit")
         group.add_argument("--lr", type=float, default=1e-3,
                            help="peak learning rate, reached at the end of warm-up (every "
-                           "schedule)")
+                                "schedule)")
         group.add_argument("--lr_schedule", choices=["linear", "cosine", "noam_cooldown", "noam"],
                            default="linear", help="linear / cosine: linear warm-up, then decay to "
-                           "0 at the end of the training budget "
-                                "(--max_steps, --num_epochs, or the steps that --max_minutes "
-                           "allows, fixed from "
-                                "the step rate measured during warm-up and saved in the "
-                           "checkpoint); noam "
-                                "(Section 5.3): lr * warmup^0.5 * min(step * warmup^-1.5, "
-                           "step^-0.5), no end; "
-                                "noam_cooldown: noam, then linear decay to 0 over the last "
-                           "--cooldown_fraction of "
-                                "the budget")
+                                                  "0 at the end of the training budget "
+                                                  "(--max_steps, --num_epochs, or the steps that "
+                                                  "--max_minutes allows, fixed from the step rate "
+                                                  "measured during warm-up and saved in the "
+                                                  "checkpoint); noam (Section 5.3): lr * "
+                                                  "warmup^0.5 * min(step * warmup^-1.5, "
+                                                  "step^-0.5), no end; noam_cooldown: noam, then "
+                                                  "linear decay to 0 over the last "
+                                                  "--cooldown_fraction of the budget")
         group.add_argument("--cooldown_fraction", type=float, default=0.2,
                            help="--lr_schedule noam_cooldown: the fraction of the training budget, "
-                           "at its end, over "
-                                "which the rate falls linearly to 0")
+                                "at its end, over which the rate falls linearly to 0")
         group.add_argument("--warmup_steps", type=int, default=1000, help="learning-rate warm-up "
                            "steps")
         group.add_argument("--smoothing", type=float, default=MODEL_DEFAULTS["smoothing"],
                            help="label smoothing epsilon")
         group.add_argument("--seed", type=int, default=1234, help="graph-level random seed and "
-                           "shuffling seed")
+                                                                  "shuffling seed")
         group.add_argument("--keep_checkpoints", type=int, default=5,
                            help="how many checkpoints to keep; the best by dev BLEU is kept "
-                           "besides, as best-STEP "
-                                "(LOGDIR/best.json names it; --ckpt best takes it)")
+                                "besides, as best-STEP (LOGDIR/best.json names it; --ckpt best "
+                                "takes it)")
         group.add_argument("--patience", type=int, default=0,
                            help="stop after this many dev evaluations in a row without a better "
-                           "dev BLEU (a resumed "
-                                "run goes on counting); 0: never stop early")
+                                "dev BLEU (a resumed run goes on counting); 0: never stop early")
         group.add_argument("--init_from", default="", metavar="LOGDIR_OR_CHECKPOINT",
                            help="start a new logdir from the weights of another run (its latest "
-                           "checkpoint, or the "
-                                "one named) with a fresh optimizer and schedule from step 0; the "
-                           "data dir must "
-                                "have its vocabulary (prepro.py --bpe_model) and model-shape flags "
-                           "not given "
-                                "default to its hparams.json")
+                                "checkpoint, or the one named) with a fresh optimizer and schedule "
+                                "from step 0; the data dir must have its vocabulary (prepro.py "
+                                "--bpe_model) and model-shape flags not given default to its "
+                                "hparams.json")
         group.add_argument("--config", default="", metavar="FILE",
                            help="take flags from a JSON file: another run's hparams.json or an "
-                           "object of flag "
-                                "values; flags on the command line override it, and --logdir is "
-                           "never taken from it")
+                                "object of flag values; flags on the command line override it, and "
+                                "--logdir is never taken from it")
         group.add_argument("--eval_every", type=int, default=1,
                            help="translate the dev set and compute BLEU every this many epochs, "
-                           "and at the end; "
-                                "0: at the end only (what a time budget wants: each dev decode "
-                           "costs training time)")
+                                "and at the end; 0: at the end only (what a time budget wants: "
+                                "each dev decode costs training time)")
         group.add_argument("--summary_every", type=int, default=100,
                            help="write the TensorBoard training summaries (loss, lr, grad_norm, an "
-                           "attention image) "
-                                "every this many steps; each costs an extra all-reduce with "
-                           "--distribute")
+                                "attention image) every this many steps; each costs an extra "
+                                "all-reduce with --distribute")
         group.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                            help="auto: fp16 with a GPU, bf16 on a CPU with avx512_bf16 or amx_bf16 "
-                           "(unless "
-                                "ONEDNN_MAX_CPU_ISA caps it), else fp32; bf16: matrix products in "
-                           "bfloat16 (slower "
-                                "than fp32 on CPUs without those flags); fp16: in float16 with "
-                           "dynamic loss scaling "
-                                "(GPUs with tensor cores); variables, layer norm, softmax and loss "
-                           "stay fp32")
+                                "(unless ONEDNN_MAX_CPU_ISA caps it), else fp32; bf16: matrix "
+                                "products in bfloat16 (slower than fp32 on CPUs without those "
+                                "flags); fp16: in float16 with dynamic loss scaling (GPUs with "
+                                "tensor cores); variables, layer norm, softmax and loss stay fp32")
         group.add_argument("--kernels", choices=["auto", "fused", "tf"], default="auto",
                            help="auto: in training, each attention's scaling, masks, softmax and "
-                           "dropout, and each "
-                                "post-norm sublayer's dropout, residual add and layer norm, run as "
-                           "one C++ kernel "
-                                "each, their gradients too (fast/kernels.py, built with g++ on "
-                           "first use), when they "
-                                "build here and no GPU is visible, else as TensorFlow's ops; the "
-                           "same functions (their "
-                                "dropout draws its own decisions); fused: what auto resolved to (a "
-                           "resumed run "
-                                "checks again); tf: TensorFlow's ops only. --impl fast only "
-                           "(reference: tf)")
+                                "dropout, and each post-norm sublayer's dropout, residual add and "
+                                "layer norm, run as one C++ kernel each, their gradients too "
+                                "(fast/kernels.py, built with g++ on first use), when they build "
+                                "here and no GPU is visible, else as TensorFlow's ops; the same "
+                                "functions (their dropout draws its own decisions); fused: what "
+                                "auto resolved to (a resumed run checks again); tf: TensorFlow's "
+                                "ops only. --impl fast only (reference: tf)")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"],
                            default="none", help="none: one device; mirrored: the devices of "
-                           "--devices in this process; multiworker: "
-                                "one process per worker, cluster and task from TF_CONFIG (see "
-                           "docs/distributed.md). "
-                                "--batch_size is the global batch, split over all replicas")
+                                                "--devices in this process; multiworker: one "
+                                                "process per worker, cluster and task from "
+                                                "TF_CONFIG (see docs/distributed.md). --batch_size "
+                                                "is the global batch, split over all replicas")
         group.add_argument("--devices", default="",
                            help="with --distribute mirrored: comma-separated devices, e.g. "
-                           "/gpu:0,/gpu:1 (default "
-                                "every GPU) or /cpu:0,/cpu:1 to try it on a CPU")
+                                "/gpu:0,/gpu:1 (default every GPU) or /cpu:0,/cpu:1 to try it on a "
+                                "CPU")
         group.add_argument("--threads", type=int, default=0,
                            help="threads for each op's kernel (intra-op) and for running "
-                           "independent ops side by side "
-                                "(inter-op); 0 uses every core this process may run on")
+                                "independent ops side by side (inter-op); 0 uses every core this "
+                                "process may run on")
 
     @staticmethod
     def _add_decoding(group):
         group.add_argument("--beam_size", type=int, default=1, help="beam width; 1 is greedy "
-                           "decoding")
+                                                                    "decoding")
         group.add_argument("--alpha", type=float, default=0.6,
                            help="beam search length penalty ((5+len)/6)^alpha; 0 ranks by "
-                           "log-probability")
+                                "log-probability")
         group.add_argument("--max_len_a", type=float, default=1.5,
                            help="decode at most max_len_a * source_length + max_len_b steps per "
-                           "sentence")
+                                "sentence")
         group.add_argument("--max_len_b", type=int, default=10, help="see --max_len_a")
 
     @staticmethod
     def _add_testing(group):
         group.add_argument("--ckpt", default="", help="checkpoint to test; default the latest in "
-                           "--logdir; best: the "
-                                                      "best by dev BLEU (LOGDIR/best.json)")
+                                                      "--logdir; best: the best by dev BLEU "
+                                                      "(LOGDIR/best.json)")
         group.add_argument("--testdir", default="",
                            help="where test.py writes hypotheses and results.json; default "
-                           "LOGDIR/test")
+                                "LOGDIR/test")
         group.add_argument("--test_batch_size", type=int, default=128, help="sentences per "
                            "decoding batch")
 

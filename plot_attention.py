@@ -1,7 +1,7 @@
 """PNG heat maps of the attention of a trained model's translations, and of the positional encoding.
 
-    python plot_attention.py --logdir runs/numbers --dir plots "Er zählt bis elf." ["another
-    sentence" ...]
+    python plot_attention.py --logdir runs/numbers --dir plots "Er zählt bis elf." \\
+        ["another sentence" ...]
 
 draws DIR/positional_encoding.png and, per sentence, DIR/NNNN.png with the cross-attention heads of
 the last decoder block, and prints the translations: translate.py --plot_attention DIR with the
@@ -15,17 +15,16 @@ def main(argv=None):
     """The command line: translate.py --plot_attention DIR for the sentences given (see the module
     docstring)."""
     parser = OneLineParser(prog="plot_attention.py", description="Translate sentences with a "
-                           "trained model and "
-                                                                 "draw the cross-attention heads "
-                           "of its last decoder "
-                                                                 "block as PNGs (translate.py "
-                           "--plot_attention).")
+                                                                 "trained model and draw the "
+                                                                 "cross-attention heads of its "
+                                                                 "last decoder block as PNGs "
+                                                                 "(translate.py --plot_attention).")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
     parser.add_argument("--dir", required=True, help="where the PNGs go: positional_encoding.png "
-                        "and NNNN.png, "
-                                                     "NNNN the sentence's number counted from 1")
+                                                     "and NNNN.png, NNNN the sentence's number "
+                                                     "counted from 1")
     parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in "
-                        "--logdir")
+                                                   "--logdir")
     parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate "
                         "and draw")
     args = parser.parse_args(argv)

@@ -56,43 +56,36 @@ def build_parser():
     parser = OneLineParser(
         prog="prepro.py",
         description="Build a data directory (cleaned splits, one joint sentencepiece BPE model "
-        "with "
-                    "<pad>=0 <unk>=1 <s>=2 </s>=3, BPE-segmented splits, %s) from a parallel "
+                    "with <pad>=0 <unk>=1 <s>=2 </s>=3, BPE-segmented splits, %s) from a parallel "
                     "corpus. Side 1 is the source, side 2 the target; 'eval' is the dev split."
         % MANIFEST_NAME, epilog="Training pairs with an empty side are always dropped; repeated "
-        "pairs and pairs whose "
-               "sides differ in length by more than --max_ratio are only reported unless --dedup / "
-               "--filter_ratio is given. Dev and test are never filtered. If a download fails, "
-        "pass "
-               "local copies with --dataset files.")
+                                "pairs and pairs whose sides differ in length by more than "
+                                "--max_ratio are only reported unless --dedup / --filter_ratio is "
+                                "given. Dev and test are never filtered. If a download fails, pass "
+                                "local copies with --dataset files.")
     parser.add_argument("--dataset", choices=DATASETS, default="numbers",
                         help="numbers: built-in synthetic German->English numbers and dates "
-                        "(offline, default); "
-                             "multi30k: Multi30k task 1 de-en (train / val / test_2016_flickr), "
-                        "downloaded; "
-                             "iwslt2016: IWSLT 2016 de-en TED talks (dev tst2013, test tst2014), "
-                        "downloaded; "
-                             "files: local plain-text files given by --train1 ... --test2")
+                             "(offline, default); multi30k: Multi30k task 1 de-en (train / val / "
+                             "test_2016_flickr), downloaded; iwslt2016: IWSLT 2016 de-en TED talks "
+                             "(dev tst2013, test tst2014), downloaded; files: local plain-text "
+                             "files given by --train1 ... --test2")
     parser.add_argument("--data_dir", help="output directory (default data/DATASET)")
     parser.add_argument("--vocab_size", type=int,
                         help="BPE vocabulary size including the 4 special pieces (default 1000 for "
-                        "numbers, "
-                             "32000 otherwise); it is an error if the corpus cannot fill it")
+                             "numbers, 32000 otherwise); it is an error if the corpus cannot fill "
+                             "it")
     parser.add_argument("--bpe_model", metavar="PATH",
                         help="segment with this sentencepiece model (another data dir's bpe.model) "
-                        "instead of "
-                             "training one: the data dir gets that vocabulary, so a model trained "
-                        "on the other data "
-                             "dir can go on training here (train.py --init_from); --vocab_size is "
-                        "the model's")
+                             "instead of training one: the data dir gets that vocabulary, so a "
+                             "model trained on the other data dir can go on training here "
+                             "(train.py --init_from); --vocab_size is the model's")
     parser.add_argument("--dedup", action="store_true",
                         help="drop repeated (source, target) training pairs, keeping the first "
                              "(default: count and report them only)")
     parser.add_argument("--max_ratio", type=float, default=DEFAULT_MAX_RATIO,
                         help="a pair whose longer side has more than this many times the BPE "
-                        "pieces of "
-                             "the shorter side counts as a length-ratio outlier (default "
-                        "%(default)g)")
+                             "pieces of the shorter side counts as a length-ratio outlier (default "
+                             "%(default)g)")
     parser.add_argument("--filter_ratio", action="store_true",
                         help="drop length-ratio outliers from train (default: report them only)")
     parser.add_argument("--reverse", action="store_true",
@@ -102,7 +95,7 @@ def build_parser():
                              "tgt_lang swap with them")
     parser.add_argument("--force", action="store_true",
                         help="rebuild --data_dir even if it holds a build with other inputs or "
-                        "options")
+                             "options")
     numbers = parser.add_argument_group("--dataset numbers")
     numbers.add_argument("--seed", type=int, help="random seed of the generated corpus (default 1)")
     numbers.add_argument("--n_train", type=int, help="training pairs (default 50000)")
@@ -111,16 +104,13 @@ def build_parser():
     downloads = parser.add_argument_group("--dataset multi30k / iwslt2016 (downloads, cached in "
                                           "DATA_DIR/download)")
     downloads.add_argument("--url", help=f"multi30k: base URL holding train.de.gz ... "
-                           f"test_2016_flickr.en.gz "
-                                         f"(default {MULTI30K_URL}); iwslt2016: URL of de-en.tgz "
-                           f"(default "
-                                         f"{IWSLT2016_URL}, which no longer answers, so give a "
-                           f"mirror)")
+                                         f"test_2016_flickr.en.gz (default {MULTI30K_URL}); "
+                                         f"iwslt2016: URL of de-en.tgz (default {IWSLT2016_URL}, "
+                                         f"which no longer answers, so give a mirror)")
     downloads.add_argument("--no_verify", action="store_true",
                            help="multi30k: accept files whose sha256 differs from the known "
-                           "release "
-                                "(the sha256 of every download is recorded in the manifest either "
-                           "way)")
+                                "release (the sha256 of every download is recorded in the manifest "
+                                "either way)")
     files = parser.add_argument_group("--dataset files (all six required)")
     for flag in FILE_FLAGS.values():
         split, side = flag[:-1], flag[-1]

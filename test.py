@@ -2,8 +2,7 @@
 pairs.
 
     python test.py --logdir runs/numbers [--ckpt PATH|best] [--testdir DIR] [--beam_size 4]
-    python test.py --logdir runs/numbers --src a.de b.de --ref a.en b.en     # BLEU and chrF of each
-                                                                             # pair
+    python test.py --logdir runs/numbers --src a.de b.de --ref a.en b.en   # BLEU, chrF per pair
 
 The model's shape and data dir come from LOGDIR/hparams.json. Writes TESTDIR/hypotheses.txt (one
 line per source line, in order; an empty source line gets an empty hypothesis) and
@@ -42,8 +41,7 @@ def parse_args(argv):
     group = parser.add_argument_group("test.py")
     group.add_argument("--src", nargs="+", default=[], metavar="FILE",
                        help="score these source files (raw UTF-8 text) instead of the data dir's "
-                       "test split, each "
-                            "against the --ref file in the same position")
+                            "test split, each against the --ref file in the same position")
     group.add_argument("--ref", nargs="+", default=[], metavar="FILE",
                        help="the reference translation of each --src file, line by line")
     args, given = parse_flags(parser, argv)

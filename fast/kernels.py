@@ -78,14 +78,14 @@ ISA_CAP_FLAGS = {"SSE41": ["-mno-avx", "-mno-fma"] + NO_AMX, "AVX": ["-mno-avx2"
 #: The x86 classes the kernels are built for, by the g++ -march that stands for each: one per set of
 #: Eigen vectorization paths (AVX2 with FMA; AVX-512; AVX-512 with bfloat16; AMX with AVX512-FP16).
 #: check_targets compiles each (syntax only, nothing runs) on any x86 machine.
-TARGETS = {"x86-64-v3": "AVX2 (Haswell, Zen 1-3)", "skylake-avx512": "AVX-512 (Skylake-SP, Ice "
-           "Lake)", "cooperlake": "AVX-512 with BF16 (Cooper Lake)",
+TARGETS = {"x86-64-v3": "AVX2 (Haswell, Zen 1-3)",
+           "skylake-avx512": "AVX-512 (Skylake-SP, Ice Lake)",
+           "cooperlake": "AVX-512 with BF16 (Cooper Lake)",
            "sapphirerapids": "AMX and AVX512-FP16 (Sapphire Rapids)"}
 #: Classes checked too where the compiler knows them (g++ 13 and later): g++ 12 builds for them
-#: through
-#: -march=native's flags, which are those of a class above.
-NEWER_TARGETS = {"znver4": "AVX-512 with BF16 (Zen 4)", "graniterapids": "AMX-FP16 (Granite "
-                 "Rapids)"}
+#: through -march=native's flags, which are those of a class above.
+NEWER_TARGETS = {"znver4": "AVX-512 with BF16 (Zen 4)",
+                 "graniterapids": "AMX-FP16 (Granite Rapids)"}
 
 
 def compiler():
@@ -126,9 +126,8 @@ def library_path():
     for source in [UNIT] + SOURCES + HEADERS:
         with open(source, "rb") as f:
             digest.update(f.read())
-    digest.update(" "
-                  "".join([tf.__version__, platform.machine(), platform.node()]
-                          + compile_command("")).encode())
+    key = [tf.__version__, platform.machine(), platform.node()] + compile_command("")
+    digest.update(" ".join(key).encode())
     return os.path.join(BUILD_DIR, "%s-%s.so" % (library_stem(), digest.hexdigest()[:16]))
 
 
@@ -468,10 +467,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fast.kernels", description=main.__doc__)
     parser.add_argument("--check_targets", nargs="*", metavar="MARCH",
                         help="compile (syntax only: nothing runs) for these g++ -march targets, by "
-                        "default every "
-                             "class the kernels are built for: %s, and %s where the compiler knows "
-                        "them; exit "
-                             "status 1 if one fails"
+                             "default every class the kernels are built for: %s, and %s where the "
+                             "compiler knows them; exit status 1 if one fails"
                         % (", ".join(TARGETS), " and ".join(NEWER_TARGETS)))
     args = parser.parse_args(argv)
     if args.check_targets is not None:

@@ -46,10 +46,10 @@ def add_flags(parser):
     group = parser.add_argument_group("--format argos (an Argos Translate package)")
     for side, which in (("from", "source"), ("to", "target")):
         group.add_argument("--%s_code" % side, help="the %s language's code; default the data "
-                                                     "dir's (prepro.py --src_lang / --tgt_lang)"
+                                                    "dir's (prepro.py --src_lang / --tgt_lang)"
                                                      % which)
         group.add_argument("--%s_name" % side, help="the %s language's name, e.g. German; default "
-                                                     "the name of a common code" % which)
+                                                    "the name of a common code" % which)
 
 
 def check_flags(args):
@@ -128,8 +128,8 @@ def blank_pipeline(code):
     try:
         import spacy
     except ImportError:
-        raise UserError("--format argos needs spaCy for the package's sentence splitting: "
-                        "pip install -r requirements.txt") from None
+        raise UserError("--format argos needs spaCy for the package's sentence splitting: pip "
+                        "install -r requirements.txt") from None
     try:
         return spacy.blank(code)
     except ImportError:  # spaCy has no language data for the code
@@ -182,8 +182,8 @@ def export(args, hp, manifest, ckpt, bpe_model):
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        raise UserError("--format argos needs the ctranslate2 package: "
-                        "pip install -r requirements.txt") from None
+        raise UserError("--format argos needs the ctranslate2 package: pip install -r "
+                        "requirements.txt") from None
     from toolkit.logdir import pinned_checkpoint
     langs = languages(args, manifest)
     with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile

@@ -52,7 +52,7 @@ def plot_attention_heads(attention, source_pieces, target_pieces, fpath, title="
         ax.set_yticklabels(target_pieces, fontsize=7)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
     fig.suptitle(title or "cross-attention of the last decoder block (rows: target, columns: "
-                 "source)", fontsize=9)
+                          "source)", fontsize=9)
     save(fig, fpath)
 
 

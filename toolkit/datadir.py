@@ -213,8 +213,8 @@ def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
         raise UserError("%s not found: run `python prepro.py --data_dir %s` first"
                         % (fpath, data_dir))
     manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py "
-                         "--data_dir %s "
-                                "--force` and the options it was built with" % data_dir)
+                                "--data_dir %s --force` and the options it was built "
+                                "with" % data_dir)
     if not isinstance(manifest, dict) or "splits" not in manifest:
         raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with "
                         "`python prepro.py --data_dir %s --force`" % (fpath, data_dir))
@@ -371,11 +371,11 @@ def check_bpe_model(data_dir, manifest):
         processor = spm.SentencePieceProcessor(model_file=str(model_path))
     except (RuntimeError, OSError) as error:
         raise damaged(data_dir, f"{model_path} is not a sentencepiece model "
-                      f"({str(error).splitlines()[0][:100]})")
+                                f"({str(error).splitlines()[0][:100]})")
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     if pieces != [line.split("\t")[0] for line in iter_lines(vocab_path)]:
         raise damaged(data_dir, f"{model_path} does not hold the pieces of {vocab_path} (another "
-                      f"corpus's model?)")
+                                f"corpus's model?)")
 
 
 def check_split(data_dir, manifest, split):
@@ -396,8 +396,7 @@ def check_split(data_dir, manifest, split):
     if wrong:
         found = ", ".join(f"{name} {count}" for name, count in counts.items())
         raise damaged(data_dir, f"the {split} split of {data_dir} should have {expected} lines in "
-                      f"each file "
-                                f"({MANIFEST_NAME}) but has: {found}")
+                                f"each file ({MANIFEST_NAME}) but has: {found}")
 
 
 def check_ids_range(data_dir, path, manifest):
@@ -407,5 +406,5 @@ def check_ids_range(data_dir, path, manifest):
         chunk = ids[start:start + RANGE_CHECK_IDS]
         if int(chunk.max()) >= manifest["vocab_size"] or int(chunk.min()) < 0:
             raise damaged(data_dir, f"{path} holds ids outside the vocabulary's "
-                          f"{manifest['vocab_size']} pieces")
+                                    f"{manifest['vocab_size']} pieces")
         release_pages(chunk)

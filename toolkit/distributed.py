@@ -78,8 +78,7 @@ Vote = namedtuple("Vote", "mine mean")
 #: write_summaries (a bool placeholder, True unless fed) is False; stop, checkpoint, total: the
 #: Votes that agree_to_stop, agree_on_checkpoint and agree_on_total run.
 TrainStep = namedtuple("TrainStep", "loss train_op global_step schedule_total summaries "
-                       "write_summaries stop checkpoint "
-                                    "total")
+                                    "write_summaries stop checkpoint total")
 
 
 # ---------------------------------------------------------------- strategies
@@ -155,8 +154,8 @@ def make_cluster(hp, config):
     if hp.distribute == "mirrored":
         devices = parse_devices(hp.devices)
         config.device_count["CPU"] = max(config.device_count["CPU"], cpu_device_count(devices))
-        return Cluster(tf.distribute.MirroredStrategy(devices), True, "", config, "mirrored on "
-                       "" + ",".join(devices), 0, None)
+        return Cluster(tf.distribute.MirroredStrategy(devices), True, "", config,
+                       "mirrored on " + ",".join(devices), 0, None)
     if hp.distribute != "multiworker":
         raise UserError("--distribute must be one of %s, not %r"
                         % (", ".join(DISTRIBUTE_MODES), hp.distribute))

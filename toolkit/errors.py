@@ -87,10 +87,13 @@ PATH_PROBLEMS = {
     errno.ENOTDIR: "has a file where a directory belongs in it: check the path",
     errno.EISDIR: "is a directory where a file belongs: name a file",
     errno.EROFS: "is on a read-only file system: pass a path on a writable one (or remount it "
-    "read-write)", errno.EACCES: "is not accessible (permission denied): change its permissions or "
-    "pass another path", errno.EPERM: "is not accessible (operation not permitted): change its "
-    "permissions or pass another path", errno.ENAMETOOLONG: "is too long a name: pass a shorter "
-    "path", errno.EEXIST: "already exists: remove it or pass another path",
+                 "read-write)",
+    errno.EACCES: "is not accessible (permission denied): change its permissions or pass another "
+                  "path",
+    errno.EPERM: "is not accessible (operation not permitted): change its permissions or pass "
+                 "another path",
+    errno.ENAMETOOLONG: "is too long a name: pass a shorter path",
+    errno.EEXIST: "already exists: remove it or pass another path",
     errno.ENOTEMPTY: "is a directory that is not empty: remove it or pass another path",
     errno.ELOOP: "has too many levels of symbolic links: check the path",
 }

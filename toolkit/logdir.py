@@ -58,8 +58,7 @@ def logdir_lock(logdir, tool="train.py"):
     translate.py, export.py) take no lock."""
     with exclusive_lock(os.path.join(logdir, LOCK_NAME), process_description(tool),
                         lambda holder: "%s is being written by %s: wait for it to end, stop it, or "
-                        "use another "
-                                       "--logdir" % (logdir, holder)):
+                                       "use another --logdir" % (logdir, holder)):
         yield
 
 
@@ -84,8 +83,8 @@ def saved_hparams(logdir):
     if not os.path.exists(fpath):
         raise UserError("%s not found: is %s a logdir written by train.py?" % (fpath, logdir))
     saved = read_json(fpath, "it was damaged; restore it from a copy, or write it again with the "
-                      "flags the model "
-                             "was trained with (see %s/specs.txt for its shape)" % logdir)
+                             "flags the model was trained with (see %s/specs.txt for its "
+                             "shape)" % logdir)
     if not isinstance(saved, dict):
         raise UserError("%s is not valid JSON for hyperparameters (not an object): restore it from "
                         "a copy" % fpath)
@@ -550,7 +549,7 @@ def read_best(logdir):
         raise UserError("%s is not a best.json written by train.py: delete it, the next dev "
                         "evaluation writes it again" % fpath)
     check_types(best, BEST_SCHEMA, fpath, "fix it, or delete it: the next dev evaluation of "
-                "train.py writes it again")
+                                          "train.py writes it again")
     return best
 
 

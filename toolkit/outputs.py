@@ -166,8 +166,8 @@ def check_not_an_input(output, flag, inputs, dirs=None, said=None):
     for input_flag, paths in inputs.items():
         for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
             if path and same_file(output, path):
-                raise UserError(f"{said} is the file given as --{input_flag} {path}: it "
-                                f"would be replaced by the output; pass another --{flag}")
+                raise UserError(f"{said} is the file given as --{input_flag} {path}: it would be "
+                                f"replaced by the output; pass another --{flag}")
     for what, directory in (dirs or {}).items():
         held = directory and file_of_dir(output, directory)
         if held:
@@ -203,5 +203,4 @@ def _probe(directory, flag, path):
             pass
     except OSError as error:
         raise UserError(f"--{flag} {path}: cannot write in {directory} ({error.strerror}); pass a "
-                        f"path where "
-                        "files can be written") from None
+                        "path where files can be written") from None

@@ -49,8 +49,8 @@ if "keras" not in sys.modules:
 
 #: Abseil's notice, written before TensorFlow's first start-up record, that it logs before being
 #: initialized.
-ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written to "
-               "STDERR")
+ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written "
+               "to STDERR")
 #: The start of an Abseil log record (severity letter, date, time, thread, file:line]).
 LOG_RECORD = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
 #: The first line of a Python warning (warnings.formatwarning), which is never part of a record.
@@ -204,7 +204,7 @@ def choose_precision(requested, flags, max_isa=None, has_gpu=False):
             return "bf16", "precision auto: bf16 (this CPU has native bfloat16 matrix products)"
         why = ("ONEDNN_MAX_CPU_ISA=%s caps oneDNN below AVX512_CORE_BF16" % max_isa
                if any(flag in flags for flag in BF16_FLAGS) else "this CPU has no avx512_bf16 or "
-               "amx_bf16")
+                                                                 "amx_bf16")
         return "fp32", "precision auto: fp32 (%s)" % why
     if requested == "bf16" and not has_gpu and not native:
         return "bf16", ("warning: --precision bf16 on a CPU without native bfloat16 (avx512_bf16 "

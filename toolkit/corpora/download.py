@@ -83,8 +83,8 @@ def download(url, path):
                         f"{offline_hint()}") from None
     received = sum(len(chunk) for chunk in chunks)
     if total and received != total:
-        raise UserError(f"download of {url} was cut short ({received} of {total} bytes); "
-                        f"try again or {offline_hint()}")
+        raise UserError(f"download of {url} was cut short ({received} of {total} bytes); try again "
+                        f"or {offline_hint()}")
     atomic_write(path, b"".join(chunks))
     atomic_write(source_record, url.encode("utf-8"))
 

@@ -35,7 +35,7 @@ DATE_TEMPLATES = [
     ("der {day} {month} {year}", "the {day} of {month} {year}"),
     ("Heute ist der {day} {month} {year}.", "Today is the {day} of {month} {year}."),
     ("Sie wurde am {day_dative} {month} {year} geboren.", "She was born on the {day} of {month} "
-     "{year}."),
+                                                          "{year}."),
 ]
 FIRST_YEAR, LAST_YEAR = 1800, 2099
 MAX_DIGITS = 6
