@@ -18,7 +18,7 @@ Endpoints (docs/serving.md has every field and error):
     GET  /           the page: a text box, the translation, its n-best with scores and its attention
                      heat map
 Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong
-api_key, 429 queue full, 504 past --timeout, 500 anything else.
+api_key, 429 queue full, 504 past --timeout, 500 a failure of the server itself.
 
 Text is translated line by line as translate.py translates a line (same cleaning, same splitting of
 over-long lines, same translations); with format html the text between tags is, each run separately,
@@ -44,6 +44,7 @@ from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.batcher import ApiError
 from toolkit.documents import Document
 from toolkit.errors import UserError, run_cli
+from toolkit.front_door import check_flags, connection_logger, read_fields, shown
 from toolkit.trained_model import decoding_flags, trained_hparams
 from toolkit.translation_service import (Service, detected, flag, nonnegative_int, read_results,
                                          translation_body)
@@ -56,9 +57,6 @@ LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English"
                   "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
                   "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
                   "zh": "Chinese"}
-#: The serve.py flags that must be at least some value: (flag, lowest value).
-SERVE_MINIMA = (("port", 0), ("batch_wait_ms", 0), ("char_limit", 1), ("max_sentences", 1),
-                ("queue_size", 1), ("timeout", 0.001))
 
 
 # ---------------------------------------------------------------- flags
@@ -106,32 +104,13 @@ def build_parser():
 def parse_args(argv):
     """Returns hp (LOGDIR/hparams.json with the decoding flags given on top) and every flag."""
     args, given = parse_flags(build_parser(), argv)
-    for flag, lowest in SERVE_MINIMA:
-        if getattr(args, flag) < lowest:
-            raise UserError("--%s %s is out of range: it must be at least %s"
-                            % (flag, getattr(args, flag), lowest))
-    if args.port > 65535:
-        raise UserError("--port %d is out of range: it must be at most 65535" % args.port)
+    check_flags(args)
     return trained_hparams(args.logdir, decoding_flags(given)), args
 
 
 # ---------------------------------------------------------------- text in and out
 # ---------------------------------------------------------------- the model's worker
 # ---------------------------------------------------------------- the API
-async def read_fields(request):
-    """The request's fields: a JSON object or a form body, on top of the query string's."""
-    if request.content_type == "application/json":
-        try:
-            fields = await request.json()
-        except ValueError:
-            raise ApiError(400, "Invalid request: the body is not valid JSON") from None
-        if not isinstance(fields, dict):
-            raise ApiError(400, "Invalid request: the JSON body must be an object")
-    else:
-        fields = dict(await request.post())
-    return {**request.query, **fields}
-
-
 async def translate_handler(request):
     service, fields = request.app["service"], await read_fields(request)
     service.check_key(fields)
@@ -139,8 +118,8 @@ async def translate_handler(request):
     service.check_languages(fields)
     fmt = fields.get("format", "text")
     if fmt not in ("text", "html"):
-        raise ApiError(400, "Invalid request: format %r is not supported: pass text or html"
-                       % (fmt,))
+        raise ApiError(400, "Invalid request: format %s is not supported: pass text or html"
+                       % shown(fmt))
     alternatives = nonnegative_int(fields, "alternatives", service.beam_size - 1,
                                    "one less than its --beam_size %d" % service.beam_size)
     attention = flag(fields, "attention")
@@ -185,6 +164,10 @@ async def log_and_errors(request, handler):
         response = web.json_response({"error": str(error)}, status=error.status)
     except web.HTTPException as error:  # aiohttp's own: 404, 405, 413
         response = web.json_response({"error": error.text or error.reason}, status=error.status)
+    except ConnectionError:  # the client left before its request was read: nobody to answer
+        print("%s %s client disconnected" % (request.method, request.path), file=sys.stderr,
+              flush=True)
+        return web.Response(status=400)
     # a bug or a failed model run: a 500, the server goes on
     except Exception as error:  # noqa: BLE001
         traceback.print_exc()
@@ -212,7 +195,8 @@ def build_app(service):
 async def serve(service, args):
     """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already in, and
     returns."""
-    runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5)
+    runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5,
+                           logger=connection_logger())
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.port).start()

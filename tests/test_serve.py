@@ -5,10 +5,13 @@ scripts/bench_serve.py's report."""
 import asyncio
 import json
 import os
+import random
+import socket
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -26,7 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import bench_serve  # noqa: E402
 
-KEY = "secret key"
+#: Not ASCII: the right key works all the same.
+KEY = "sécret kéy ✓"
 SENTENCE = "Heute ist der zweite Oktober zweitausendeinundvierzig."
 #: Over the tiny model's 19 pieces: translated in parts, as translate.py does.
 LONG = "Heute ist der erste Mai. Die Zahl ist sechshundertneunundneunzig. Er zählt bis elf."
@@ -160,6 +164,131 @@ def test_one_log_line_per_request(server):
     assert server.stderr().splitlines()[-1].startswith("POST /translate 200 3 sentences ")  # LONG is 2
 
 
+# ---------------------------------------------------------------- the front door
+def send(server, raw, timeout=30, drop=False):
+    """Sends raw bytes (a whole HTTP request, or its start when drop) on a new connection; (status
+    or None, body bytes), or (None, b"") at once when drop."""
+    with socket.create_connection((server.host, server.port), timeout=timeout) as connection:
+        connection.sendall(raw)
+        answer = b""
+        if drop:
+            return None, answer
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if head.startswith(b"HTTP/") else None
+    return (int(status) if status else None), body
+
+
+def http(path, body, content_type, method="POST", extra=b""):
+    """An HTTP/1.1 request with body, its Content-Length and Connection: close."""
+    return (b"%s /%s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s"
+            b"Connection: close\r\n\r\n" % (method.encode(), path.encode(), content_type,
+                                           len(body), extra) + body)
+
+
+def fields_json(**extra):
+    return json.dumps({"q": SENTENCE, "source": "de", "target": "en", "api_key": KEY,
+                       **extra}).encode()
+
+
+MALFORMED = {
+    "json nested 20,000 deep": (b"application/json", b'{"q": ' + b"[" * 20000 + b"]" * 20000 + b"}",
+                                400, "nested too deep"),
+    "json nested in a field": (b"application/json", fields_json(q=[["x"]]), 400, "'q' must be"),
+    "alternatives superscript two": (b"application/x-www-form-urlencoded",
+                                     "q=eins&source=de&target=en&alternatives=²&api_key="
+                                     .encode() + urllib.parse.quote(KEY).encode(),
+                                     400, "alternatives must be a whole number"),
+    "alternatives of 5000 digits": (b"application/json", fields_json(alternatives="9" * 5000),
+                                    400, "alternatives must be a whole number"),
+    "lone surrogate in q": (b"application/json", fields_json().replace(b'"q": "', b'"q": "\\ud800'),
+                            400, "not valid Unicode"),
+    "form with invalid utf-8": (b"application/x-www-form-urlencoded", b"q=\xff\xfe&source=de",
+                                400, "not valid"),
+    "form escape of invalid utf-8": (b"application/x-www-form-urlencoded", b"q=%ff%fe&source=de",
+                                     400, "form body cannot be read"),
+    "multipart without boundary": (b"multipart/form-data", b"--x\r\n\r\nq\r\n--x--\r\n", 400,
+                                   "multipart body cannot be read"),
+    "charset klingon": (b"application/json; charset=klingon", fields_json(), 400,
+                        "charset 'klingon' is not supported"),
+    "non-ascii api_key from a client": (b"application/json",
+                                        fields_json(api_key="schlüssel ✗"), 403, "Invalid API key"),
+    "api_key not a string": (b"application/json", fields_json(api_key=[KEY]), 403, "API key"),
+    "format not a string": (b"application/json", fields_json(format=7), 400, "format 7"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_requests_are_4xx_with_the_reason_and_no_traceback(server, case):
+    content_type, body, status, message = MALFORMED[case]
+    answer_status, answer = send(server, http("translate", body, content_type))
+    assert answer_status == status and message in json.loads(answer)["error"], server.stderr()[-3000:]
+    assert "Traceback" not in server.stderr()
+
+
+def test_html_with_a_marked_section_keeps_it_and_translates_around_it(server):
+    status, answer = post(server, "translate", {"q": "<![foo[bar]]><p>eins</p>", "source": "de",
+                                                "target": "en", "format": "html"})
+    assert status == 200 and answer["translatedText"].startswith("<![foo[bar]]><p>")
+
+
+def test_a_64_kb_request_line_and_a_client_gone_mid_body_are_one_log_line_each(server):
+    before = len(server.stderr().splitlines())
+    status, _ = send(server, b"GET /" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 400
+    body = fields_json()
+    send(server, http("translate", body, b"application/json")[:-len(body) // 2], drop=True)
+    time.sleep(0.5)
+    lines = server.stderr().splitlines()[before:]
+    assert len(lines) == 2 and "Traceback" not in server.stderr(), lines
+    assert "LineTooLong" in lines[0] and "client disconnected" in lines[1]
+
+
+def fuzzed_request(rng, valid):
+    """One malformed request: a valid one with bytes flipped, cut, repeated or replaced, sent to a
+    path and with a content type drawn from those the server knows and some it does not."""
+    body = bytearray(rng.choice(valid))
+    for _ in range(rng.randint(1, 6)):
+        at = rng.randrange(len(body) + 1)
+        move = rng.randrange(5)
+        if move == 0:
+            body[at:at + 1] = bytes([rng.randrange(256)])
+        elif move == 1:
+            del body[at:at + rng.randint(1, 20)]
+        elif move == 2:
+            body[at:at] = rng.choice([b"[", b"{", b'"\\ud800"', b"\xff", b"%ff", b"&", b"=",
+                                      b"\\u0000", b"<![x[", b"1e999", b"-1", b"null"]) * rng.randint(1, 50)
+        elif move == 3:
+            body[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 30)))
+        else:
+            body = body[:at]
+    content_type = rng.choice([b"application/json", b"application/json; charset=latin-1",
+                               b"application/x-www-form-urlencoded", b"multipart/form-data",
+                               b"multipart/form-data; boundary=x", b"text/plain",
+                               b"application/json; charset=base64", b"application/json; charset=",
+                               b"\xff/\xfe"])
+    path = rng.choice(["translate", "detect", "translate?q=%ff", "languages", "nowhere",
+                       "translate?alternatives=%C2%B2"])
+    return http(path, bytes(body), content_type, method=rng.choice(["POST"] * 5 + ["GET", "PUT"]))
+
+
+def test_fuzz_two_thousand_malformed_requests_get_no_5xx_and_it_still_translates(server, nbest):
+    rng = random.Random(62)
+    valid = [fields_json(), fields_json(format="html", q="<p>eins <b>zwei</b></p>"),
+             fields_json(alternatives=2), fields_json(q=["eins", "zwei"], source="auto"),
+             b"q=eins&source=de&target=en&api_key=" + urllib.parse.quote(KEY).encode()]
+    statuses = {}
+    for _ in range(2000):
+        status, body = send(server, fuzzed_request(rng, valid))
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status is None or status < 500, body
+    assert sum(count for status, count in statuses.items() if status and status >= 400) > 1000
+    assert post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"})[1] == {
+        "translatedText": nbest[0][0]}
+    assert "Traceback" not in server.stderr()
+
+
 # ---------------------------------------------------------------- queue, shutdown, flags
 def test_a_full_queue_is_429_and_sigterm_answers_the_request_in_flight(tiny_model, nbest):
     logdir, data_dir = tiny_model
@@ -199,8 +328,9 @@ def test_help_explains_every_flag_and_a_bad_logdir_is_one_line(tmp_path, capsys)
         assert flag in out
     code, _, err = run_in_process(capsys, "serve.py", serve.main, "--logdir", tmp_path / "none")
     assert code == 2 and err.count("\n") == 1 and "hparams.json not found" in err
-    code, _, err = run_in_process(capsys, "serve.py", serve.main, "--logdir", tmp_path, "--queue_size", "0")
-    assert code == 2 and "--queue_size 0 is out of range" in err
+    for flag, value in (("--queue_size", "0"), ("--batch_wait_ms", "inf"), ("--timeout", "nan")):
+        code, _, err = run_in_process(capsys, "serve.py", serve.main, "--logdir", tmp_path, flag, value)
+        assert code == 2 and err.count("\n") == 1 and "%s %s is out of range" % (flag, value) in err
 
 
 # ---------------------------------------------------------------- pieces alone

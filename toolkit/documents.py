@@ -3,6 +3,10 @@ text, or the text runs between the tags of HTML (the tags, comments and the cont
 style kept as written); and the document put back together around the segments' translations."""
 import html
 import html.parser
+import re
+
+#: The end of a marked section: "]]>" of <![CDATA[...]]>, or "]>" of <![if ...]>.
+MARKED_SECTION_END = re.compile(r"]\s*]\s*>|]\s*>")
 
 
 class Document:
@@ -67,8 +71,14 @@ class HtmlSegments(html.parser.HTMLParser):
     def handle_pi(self, data):
         self.template.append("<?%s>" % data)
 
-    def unknown_decl(self, data):
-        self.template.append("<![%s]>" % data)
+    def parse_marked_section(self, i, report=1):
+        """Keeps a marked section (<![CDATA[...]]>, <![if IE]>, or any keyword) as written: the
+        standard parser knows a few keywords and fails on the others."""
+        end = MARKED_SECTION_END.search(self.rawdata, i + 3)
+        if end is None:
+            return -1
+        self.template.append(self.rawdata[i:end.end()])
+        return end.end()
 
 
 def document_entries(document, segment_entries):

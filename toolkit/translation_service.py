@@ -2,9 +2,11 @@
 languages, the limits of a request, and how a request's fields become the model's inputs and its
 results the answer's fields. Every refusal is an ApiError with its HTTP status."""
 import hmac
+import os
 
 from toolkit.batcher import ApiError, Batcher
 from toolkit.documents import document_entries
+from toolkit.front_door import whole_number
 from toolkit.ids import PAD_ID
 from toolkit.sentences import nbest_texts, prepare
 from toolkit.trained_model import TrainedModel
@@ -22,6 +24,7 @@ class Service:
         self.source_lang, self.target_lang = manifest.get("src_lang",
                                                           "de"), manifest.get("tgt_lang", "en")
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
+        self.key = os.fsencode(args.api_key)  # the bytes given on the command line
         translator = Translator(trained, hp.beam_size, with_attention=True)
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
                                args.queue_size, args.timeout)
@@ -31,8 +34,11 @@ class Service:
         self.batcher.translator.close()
 
     def check_key(self, fields):
-        if self.args.api_key and not hmac.compare_digest(str(fields.get("api_key", "")),
-                                                         self.args.api_key):
+        given = fields.get("api_key", "")
+        # compared as bytes: compare_digest takes ASCII strings only; a lone surrogate a client
+        # sends encodes to bytes that no key's UTF-8 has
+        if self.key and not (isinstance(given, str) and hmac.compare_digest(
+                given.encode("utf-8", "surrogatepass"), self.key)):
             raise ApiError(403, "Invalid API key: pass the api_key field this server was started "
                            "with")
 
@@ -83,15 +89,10 @@ def language_field(name, value):
 def nonnegative_int(fields, name, most, why):
     """A field given as a JSON integer or form digits, from 0 to most (0 when absent); a 400
     otherwise."""
-    value = fields.get(name, 0)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ApiError(400, "Invalid request: %s must be a whole number, not %r" % (name, value))
+    value = whole_number(fields, name)
     if value > most:
         raise ApiError(400, "Invalid request: %s %d is more than this server gives (%d: %s)"
-                       % (name, value, most,
-                                                                                              why))
+                       % (name, value, most, why))
     return value
 
 
