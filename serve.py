@@ -13,10 +13,14 @@ Endpoints (docs/serving.md has every field and error):
                      "nbest" [{text, score}] and "attention" [{source, target, weights}], the best
                      translation's cross-attention of the last decoder block averaged over heads,
                      (target pieces, source pieces), one per model input.
-    POST /detect     the model's source language, confidence 100
+    POST /detect     the languages langdetect finds in q, most likely first
+    POST /translate_file  a .txt or .html file (multipart: file, source, target, api_key): answers
+                     translatedFileUrl, its translation at GET /download_file/KEY
+    GET  /frontend/settings  LibreTranslate's settings (charLimit, keyRequired, ...)
     GET  /languages  the model's two languages
     GET  /           the page: a text box, the translation, its n-best with scores and its attention
                      heat map
+CORS headers answer the origins of --cors_origins (any by default), a preflight too.
 Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong
 api_key, 429 queue full, 504 past --timeout, 500 a failure of the server itself.
 
@@ -46,17 +50,14 @@ from toolkit.documents import Document
 from toolkit.errors import UserError, run_cli
 from toolkit.front_door import check_flags, connection_logger, read_fields, shown
 from toolkit.trained_model import decoding_flags, trained_hparams
-from toolkit.translation_service import (Service, detected, flag, nonnegative_int, read_results,
-                                         translation_body)
+from toolkit.drop_in import (TranslatedFiles, cors_headers, cors_origins, frontend_settings,
+                             uploaded_document)
+from toolkit.language_detection import candidates, language_name
+from toolkit.translation_service import Service, flag, nonnegative_int, translation_body
 
 
 #: The page served at /.
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page", "index.html")
-#: Names of the language codes /languages shows (ISO 639-1); another code is shown as its own name.
-LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
-                  "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
-                  "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
-                  "zh": "Chinese"}
 
 
 # ---------------------------------------------------------------- flags
@@ -81,8 +82,8 @@ def build_parser():
                        "waiting one; "
                             "0 runs each request's sentences as soon as the model is free")
     group.add_argument("--char_limit", type=int, default=5000,
-                       help="most characters of q in one request (all items of a list); more is a "
-                       "400")
+                       help="most characters of one q item (each item of a list counts alone, as "
+                       "in LibreTranslate); more is a 400")
     group.add_argument("--max_sentences", type=int, default=200,
                        help="most sentences in one request (lines of q, text runs of html, and the "
                        "parts a line "
@@ -94,6 +95,12 @@ def build_parser():
                        help="seconds a request may wait for its translations; then it gets a 504 "
                        "(and is dropped "
                             "if the model has not started on it)")
+    group.add_argument("--max_alternatives", type=int, default=3, help=(
+        "most alternatives a request may ask for; past --beam_size - 1 the request is decoded "
+        "under a beam of alternatives + 1"))
+    group.add_argument("--cors_origins", default="*", help=(
+        "origins whose browser pages may call the API (CORS), comma-separated; * (default) "
+        "allows any"))
     group.add_argument("--api_key", default="",
                        help="if given, /translate and /detect need this api_key field (403 without "
                        "it); the page "
@@ -120,32 +127,55 @@ async def translate_handler(request):
     if fmt not in ("text", "html"):
         raise ApiError(400, "Invalid request: format %s is not supported: pass text or html"
                        % shown(fmt))
-    alternatives = nonnegative_int(fields, "alternatives", service.beam_size - 1,
-                                   "one less than its --beam_size %d" % service.beam_size)
+    alternatives = nonnegative_int(fields, "alternatives", service.most_alternatives,
+                                   "--max_alternatives, or --beam_size - 1")
     attention = flag(fields, "attention")
     if attention and not isinstance(fields["q"], str):
         raise ApiError(400, "Invalid request: attention needs q to be one string")
-    documents = [Document(item, fmt) for item in items]
-    parts, request["sentences"] = service.prepare(documents)
-    sources = [source for document in parts for segment in document for source in segment]
-    results = await service.batcher.translate(sources, attention)
-    entries, maps = read_results(documents, parts, results, service.sp)
-    return web.json_response(translation_body(fields, service, entries, alternatives,
-                                              maps if attention else None))
+    detections = service.detect_source(items) if fields.get("source") == "auto" else None
+    entries, maps, request["sentences"] = await service.translate_documents(
+        [Document(item, fmt) for item in items], attention, service.beam_for(alternatives))
+    return web.json_response(translation_body(fields, entries, alternatives,
+                                              maps if attention else None, detections))
+
+
+async def translate_file_handler(request):
+    service, fields = request.app["service"], await read_fields(request)
+    service.check_key(fields)
+    text, fmt, name = uploaded_document(fields)
+    service.items({"q": text})
+    service.check_languages(fields)
+    if fields.get("source") == "auto":
+        service.detect_source([text])
+    document = Document(text, fmt)
+    entries, _, request["sentences"] = await service.translate_documents([document])
+    key = request.app["files"].add(entries[0][0][0].encode("utf-8"), name)
+    return web.json_response({"translatedFileUrl": str(request.url.join(
+        request.app.router["download"].url_for(key=key)))})
+
+
+async def download_handler(request):
+    data, name = request.app["files"].get(request.match_info["key"])
+    return web.Response(body=data, headers={
+        "Content-Disposition": 'attachment; filename="%s"' % name.replace('"', "")})
 
 
 async def detect_handler(request):
     service, fields = request.app["service"], await read_fields(request)
     service.check_key(fields)
-    service.items(fields)
-    return web.json_response([detected(service)])
+    items = service.items(fields)
+    return web.json_response(candidates("\n".join(items)))
+
+
+async def settings_handler(request):
+    return web.json_response(frontend_settings(request.app["service"]))
 
 
 async def languages_handler(request):
     service = request.app["service"]
     languages = ((service.source_lang, [service.target_lang]), (service.target_lang, []))
     return web.json_response([
-        {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
+        {"code": code, "name": language_name(code), "targets": targets}
         for code, targets in languages])
 
 
@@ -158,6 +188,9 @@ async def log_and_errors(request, handler):
     """Answers errors as {"error": ...} and writes one line per request to standard error: method,
     path, status, sentences translated, milliseconds."""
     start, request["sentences"] = time.monotonic(), 0
+    cors = cors_headers(request, request.app["cors_origins"])
+    if request.method == "OPTIONS":  # a browser's CORS preflight
+        return web.Response(status=204, headers=cors)
     try:
         response = await handler(request)
     except ApiError as error:
@@ -172,6 +205,7 @@ async def log_and_errors(request, handler):
     except Exception as error:  # noqa: BLE001
         traceback.print_exc()
         response = web.json_response({"error": "internal error: %s" % error}, status=500)
+    response.headers.update(cors)
     print("%s %s %d %d sentences %.0f ms"
           % (request.method, request.path, response.status, request["sentences"],
                                              1000 * (time.monotonic() - start)), file=sys.stderr,
@@ -184,8 +218,12 @@ def build_app(service):
     # fields
     app = web.Application(middlewares=[log_and_errors], client_max_size=6 * service.args.char_limit
                           + 65536)
-    app["service"] = service
+    app["service"], app["files"] = service, TranslatedFiles()
+    app["cors_origins"] = cors_origins(service.args.cors_origins)
     app.router.add_post("/translate", translate_handler)
+    app.router.add_post("/translate_file", translate_file_handler)
+    app.router.add_get("/download_file/{key}", download_handler, name="download")
+    app.router.add_get("/frontend/settings", settings_handler)
     app.router.add_post("/detect", detect_handler)
     app.router.add_route("GET", "/languages", languages_handler)
     app.router.add_get("/", page_handler)

@@ -88,13 +88,13 @@ class Server:
         return kb / 1024
 
 
-def client(server, target, sentences, offset, step, deadline, out):
+def client(server, pair, sentences, offset, step, deadline, out):
     """Sends sentences[offset::step] (cycled) one per request until deadline; appends (status, ms) to out
     (status 0 for a connection error)."""
     connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
     k = offset
     while time.monotonic() < deadline:
-        body = json.dumps({"q": sentences[k % len(sentences)], "source": "auto", "target": target})
+        body = json.dumps({"q": sentences[k % len(sentences)], "source": pair[0], "target": pair[1]})
         k += step
         start = time.monotonic()
         try:
@@ -114,10 +114,10 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else None
 
 
-def load_level(server, target, sentences, clients, seconds):
+def load_level(server, pair, sentences, clients, seconds):
     """One level of load: `clients` threads for `seconds`. Returns its figures."""
     results, start = [], time.monotonic()
-    threads = [threading.Thread(target=client, args=(server, target, sentences, k, clients, start + seconds, results))
+    threads = [threading.Thread(target=client, args=(server, pair, sentences, k, clients, start + seconds, results))
                for k in range(clients)]
     for thread in threads:
         thread.start()
@@ -173,11 +173,11 @@ def main(argv=None):
     flags = ["--logdir", args.logdir, *decoding]
     levels = [int(clients) for clients in args.clients.split(",")]
     with Server(flags + args.serve_flags.split()) as server:
-        target = languages_target(server)
+        pair = language_pair(server)
         rss_start = server.rss_mb()
         figures = []
         for clients in levels:
-            figures.append(load_level(server, target, sentences, clients, args.seconds))
+            figures.append(load_level(server, pair, sentences, clients, args.seconds))
             print("%(clients)d clients: %(requests_per_s).1f requests/s, %(sentences_per_s).1f sentences/s, p50 "
                   "%(p50_ms)s ms, p95 %(p95_ms)s ms, %(failed)d failed, %(rejected_429)d 429s" % figures[-1],
                   flush=True)
@@ -191,13 +191,15 @@ def main(argv=None):
     return 0
 
 
-def languages_target(server):
-    """The model's target language, as the server's /languages says."""
+def language_pair(server):
+    """The model's (source, target) languages, as the server's /languages says: sent as they are,
+    since "auto" would time the language detector too and refuse a sentence it takes for another
+    language."""
     connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
     connection.request("GET", "/languages")
     languages = json.loads(connection.getresponse().read())
     connection.close()
-    return next(language["targets"][0] for language in languages if language["targets"])
+    return next((language["code"], language["targets"][0]) for language in languages if language["targets"])
 
 
 if __name__ == "__main__":

@@ -125,12 +125,17 @@ def test_html_keeps_tags_and_translates_each_text_run(server):
         texts["translatedText"])
 
 
-def test_source_auto_answers_the_detected_language(server, client):
+def test_source_auto_and_detect_name_the_language_langdetect_finds(server, client, nbest):
     status, answer = post(server, "translate", {"q": SENTENCE, "source": "auto", "target": "en"})
-    assert answer["detectedLanguage"] == {"confidence": 100, "language": "de"}
+    assert answer["detectedLanguage"]["language"] == "de" and answer["detectedLanguage"]["confidence"] > 90
+    assert answer["translatedText"] == nbest[0][0]
     status, answer = post(server, "translate", {"q": [SENTENCE, SENTENCE], "source": "auto", "target": "en"})
-    assert answer["detectedLanguage"] == [{"confidence": 100, "language": "de"}] * 2
-    assert client.detect(SENTENCE) == [{"confidence": 100, "language": "de"}]
+    assert [found["language"] for found in answer["detectedLanguage"]] == ["de", "de"]
+    assert client.detect(SENTENCE)[0]["language"] == "de"
+    assert client.detect("The weather is very nice today, and we go for a walk.")[0]["language"] == "en"
+    status, answer = post(server, "translate", {"q": "The weather is very nice today, and we go for a walk.",
+                                                "source": "auto", "target": "en"})
+    assert status == 400 and "English (en) is not supported" in answer["error"]
     assert client.languages() == [{"code": "de", "name": "German", "targets": ["en"]},
                                   {"code": "en", "name": "English", "targets": []}]
 
@@ -143,12 +148,97 @@ def test_source_auto_answers_the_detected_language(server, client):
     ({"q": "x" * (CHAR_LIMIT + 1), "source": "de", "target": "en"}, 400, "--char_limit"),
     ({"q": ["eins"] * (MAX_SENTENCES + 1), "source": "de", "target": "en"}, 400, "--max_sentences"),
     ({"q": SENTENCE, "source": "de", "target": "en", "format": "pdf"}, 400, "format 'pdf'"),
-    ({"q": SENTENCE, "source": "de", "target": "en", "alternatives": 4}, 400, "--beam_size 4"),
+    ({"q": SENTENCE, "source": "de", "target": "en", "alternatives": 4}, 400, "--max_alternatives"),
     ({"q": [SENTENCE], "source": "de", "target": "en", "attention": True}, 400, "q to be one string"),
 ])
 def test_bad_requests_are_refused_with_the_reason(server, fields, status, message):
     answer_status, answer = post(server, "translate", fields)
     assert answer_status == status and message in answer["error"]
+
+
+def test_char_limit_counts_each_item(server):
+    status, answer = post(server, "translate", {"q": ["eins " * 36] * 2, "source": "de", "target": "en"})
+    assert status == 200 and len(answer["translatedText"]) == 2
+
+
+def test_a_second_client_library_deep_translator_works(server, nbest):
+    from deep_translator import LibreTranslator
+    translator = LibreTranslator(source="de", target="en", api_key=KEY, custom_url=server.url)
+    assert translator.translate(SENTENCE) == nbest[0][0]
+
+
+def test_frontend_settings_has_libretranslate_s_fields(server):
+    with urllib.request.urlopen(server.url + "frontend/settings") as response:
+        settings = json.loads(response.read())
+    assert settings["charLimit"] == CHAR_LIMIT and settings["keyRequired"] is True
+    assert settings["supportedFilesFormat"] == [".html", ".txt"] and settings["filesTranslation"] is True
+    assert settings["language"] == {"source": {"code": "de", "name": "German"},
+                                    "target": {"code": "en", "name": "English"}}
+    assert {"frontendTimeout", "apiKeys", "suggestions"} <= set(settings)
+
+
+def test_translate_file_answers_a_download_url_for_txt_and_html_and_refuses_others(server):
+    import requests
+    first, second = SENTENCES[:2]
+    texts = post(server, "translate", {"q": [first, second], "source": "de", "target": "en"})[1]["translatedText"]
+    for name, content, expected in (("a.txt", "%s\n%s\n" % (first, second), "%s\n%s\n" % tuple(texts)),
+                                    ("b.html", "<p>%s</p><p>%s</p>" % (first, second),
+                                     "<p>%s</p><p>%s</p>" % tuple(texts))):
+        answer = requests.post(server.url + "translate_file", files={"file": (name, content.encode())},
+                               data={"source": "de", "target": "en", "api_key": KEY}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        download = requests.get(answer.json()["translatedFileUrl"], timeout=60)
+        assert download.text == expected and name in download.headers["Content-Disposition"]
+    answer = requests.post(server.url + "translate_file", files={"file": ("c.pdf", b"%PDF")},
+                           data={"source": "de", "target": "en", "api_key": KEY}, timeout=60)
+    assert answer.status_code == 400 and ".html, .txt" in answer.json()["error"]
+
+
+def preflight(server, origin):
+    request = urllib.request.Request(server.url + "translate", method="OPTIONS", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})
+    with urllib.request.urlopen(request) as response:
+        return response.status, response.headers
+
+
+def test_a_browser_preflight_gets_the_cors_headers(server):
+    status, headers = preflight(server, "https://page.example")
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "*"
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert headers["Access-Control-Allow-Headers"] == "content-type"
+    request = urllib.request.Request(server.url + "languages", headers={"Origin": "https://page.example"})
+    with urllib.request.urlopen(request) as response:
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+
+
+@pytest.fixture(scope="module")
+def default_beam_server(tiny_model):
+    """serve.py at the default --beam_size 1, at most 2 alternatives, CORS for one origin."""
+    logdir, data_dir = tiny_model
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, "--max_alternatives", "2",
+                             "--cors_origins", "https://one.example"]) as running:
+        yield running
+
+
+def test_alternatives_at_the_default_beam_widen_the_request_s_beam(default_beam_server, tiny_model, tmp_path):
+    lines = translate_py(tmp_path, *tiny_model, [SENTENCE], "--beam_size", "3", "--nbest", "3")
+    beam3 = [line.split(" ||| ")[1] for line in lines]
+    status, answer = post(default_beam_server, "translate",
+                          {"q": SENTENCE, "source": "de", "target": "en", "alternatives": 2}, key="")
+    assert status == 200 and [answer["translatedText"], *answer["alternatives"]] == beam3
+    greedy = translate_py(tmp_path, *tiny_model, [SENTENCE], "--beam_size", "1")
+    assert post(default_beam_server, "translate", {"q": SENTENCE, "source": "de", "target": "en"},
+                key="")[1] == {"translatedText": greedy[0]}
+    status, answer = post(default_beam_server, "translate",
+                          {"q": SENTENCE, "source": "de", "target": "en", "alternatives": 3}, key="")
+    assert status == 400 and "--max_alternatives" in answer["error"]
+
+
+def test_cors_origins_allows_the_origins_named_only(default_beam_server):
+    assert preflight(default_beam_server, "https://one.example")[1]["Access-Control-Allow-Origin"] \
+        == "https://one.example"
+    assert "Access-Control-Allow-Origin" not in preflight(default_beam_server, "https://two.example")[1]
 
 
 def test_a_wrong_api_key_is_403_and_the_client_sees_400_for_a_wrong_language(server, client):
@@ -350,7 +440,7 @@ class FakeTranslator:
     def __init__(self, delay=0.0):
         self.batches, self.delay = [], delay
 
-    def run(self, sources, with_attention=True):
+    def run(self, sources, with_attention=True, beam=None):
         time.sleep(self.delay)
         self.batches.append(([len(source) for source in sources], with_attention))
         return [len(source) for source in sources]

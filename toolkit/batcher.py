@@ -20,11 +20,11 @@ class ApiError(Exception):
 
 
 class Job:
-    """The model inputs of one request, whether it wants their attention, and the future of their
-    results."""
+    """The model inputs of one request, whether it wants their attention, its beam size (None: the
+    translator's own), and the future of their results."""
 
-    def __init__(self, sources, attention):
-        self.sources, self.attention = sources, attention
+    def __init__(self, sources, attention, beam=None):
+        self.sources, self.attention, self.beam = sources, attention, beam
         self.future = concurrent.futures.Future()
 
 
@@ -44,7 +44,7 @@ class Batcher:
         self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
         self.thread.start()
 
-    async def translate(self, sources, attention):
+    async def translate(self, sources, attention, beam=None):
         """The translator's results of sources, through the worker's queue (429 when it is full, 504
         past
         --timeout)."""
@@ -55,8 +55,8 @@ class Batcher:
                            "shortly" % self.pending)
         self.pending += 1
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(self.submit(sources, attention)),
-                                          self.timeout)
+            future = asyncio.wrap_future(self.submit(sources, attention, beam))
+            return await asyncio.wait_for(future, self.timeout)
         except asyncio.TimeoutError:
             raise ApiError(504, "the translation took longer than this server's --timeout of %g s: "
                            "send fewer "
@@ -64,10 +64,10 @@ class Batcher:
         finally:
             self.pending -= 1
 
-    def submit(self, sources, attention):
+    def submit(self, sources, attention, beam=None):
         """Queues one request's model inputs; returns the concurrent future of their translator
         results."""
-        job = Job(sources, attention)
+        job = Job(sources, attention, beam)
         self.jobs.put(job)
         return job.future
 
@@ -98,17 +98,18 @@ class Batcher:
         return jobs, True
 
     def run_jobs(self, jobs):
-        for attention in (False, True):
-            group = [job for job in jobs if job.attention == attention]
-            if group:
-                self.run_group(group, attention)
+        """Runs the jobs in groups of the same attention pass and beam size."""
+        kinds = dict.fromkeys((job.attention, job.beam) for job in jobs)
+        for attention, beam in kinds:
+            self.run_group([job for job in jobs if (job.attention, job.beam) == (attention, beam)],
+                           attention, beam)
 
-    def run_group(self, jobs, attention):
-        """Runs the jobs' sources at once (with the attention pass when attention) and hands each
-        job its results (or the error)."""
+    def run_group(self, jobs, attention, beam):
+        """Runs the jobs' sources at once (with the attention pass when attention, under their
+        beam) and hands each job its results (or the error)."""
         try:
             results = run_in_length_batches(functools.partial(self.translator.run,
-                                                              with_attention=attention),
+                                                              with_attention=attention, beam=beam),
                                             [source for job in jobs for source in job.sources],
                                             self.translator.batch_size)
         except Exception as error:  # noqa: BLE001 (each request answers 500 with it)

@@ -20,7 +20,7 @@ from toolkit.errors import UserError
 #: the clocks of the queue; the other highest values only keep the numbers finite.
 SERVE_RANGES = (("port", 0, 65535), ("batch_wait_ms", 0, 60000), ("char_limit", 1, 10 ** 9),
                 ("max_sentences", 1, 10 ** 6), ("queue_size", 1, 10 ** 6),
-                ("timeout", 0.001, 86400))
+                ("timeout", 0.001, 86400), ("max_alternatives", 0, 64))
 #: A whole number as a form sends it: ASCII digits only (str.isdigit takes "²", which int refuses).
 DIGITS = re.compile(r"\s*[0-9]{1,9}\s*", re.ASCII)
 #: Most fields in a form body.

@@ -8,6 +8,7 @@ from toolkit.batcher import ApiError, Batcher
 from toolkit.documents import document_entries
 from toolkit.front_door import whole_number
 from toolkit.ids import PAD_ID
+from toolkit.language_detection import candidates, language_name, warm_up
 from toolkit.sentences import nbest_texts, prepare
 from toolkit.trained_model import TrainedModel
 from toolkit.translator import Translator
@@ -25,9 +26,12 @@ class Service:
                                                           "de"), manifest.get("tgt_lang", "en")
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
         self.key = os.fsencode(args.api_key)  # the bytes given on the command line
+        # a request for more alternatives than the flags' beam has decodes under a wider beam
+        self.most_alternatives = max(args.max_alternatives, hp.beam_size - 1)
         translator = Translator(trained, hp.beam_size, with_attention=True)
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
                                args.queue_size, args.timeout)
+        warm_up()
 
     def close(self):
         self.batcher.stop()
@@ -51,11 +55,10 @@ class Service:
         items = [q] if isinstance(q, str) else q
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
             raise ApiError(400, "Invalid request: q must be a string or a list of strings")
-        chars = sum(len(item) for item in items)
+        chars = max(len(item) for item in items)
         if chars > self.args.char_limit:
-            raise ApiError(400, "Invalid request: q has %d characters, more than this server's "
-                           "limit of %d "
-                                "(--char_limit): send less text per request"
+            raise ApiError(400, "Invalid request: a q item has %d characters, more than this "
+                           "server's limit of %d (--char_limit): send less text per item"
                            % (chars, self.args.char_limit))
         return items
 
@@ -67,6 +70,35 @@ class Service:
         if target != self.target_lang:
             raise ApiError(400, "%s is not supported: this model translates into %s"
                                 % (language_field("target", target), self.target_lang))
+
+    def beam_for(self, alternatives):
+        """The beam size a request for that many alternatives decodes with: None (the flags')
+        when it has enough entries, else alternatives + 1."""
+        return None if alternatives < self.beam_size else alternatives + 1
+
+    def detect_source(self, items):
+        """Per item, the language detected ({"confidence", "language"}); a 400 naming it when an
+        item is not in the model's source language. An item with no letters to go by counts as
+        the source language with confidence 0."""
+        detections = [(candidates(item) or [{"confidence": 0.0, "language": self.source_lang}])[0]
+                      for item in items]
+        for found in detections:
+            if found["language"] != self.source_lang:
+                raise ApiError(400, "%s (%s) is not supported: the text looks %s (confidence %g), "
+                               "and this model translates from %s"
+                               % (language_name(found["language"]), found["language"],
+                                  language_name(found["language"]), found["confidence"],
+                                  self.source_lang))
+        return detections
+
+    async def translate_documents(self, documents, attention=False, beam=None):
+        """Per document its n-best entries [(text, score)], the attention entries (when
+        attention), and the count of model inputs translated."""
+        parts, count = self.prepare(documents)
+        sources = [source for document in parts for segment in document for source in segment]
+        results = await self.batcher.translate(sources, attention, beam)
+        entries, maps = read_results(documents, parts, results, self.sp)
+        return entries, maps, count
 
     def prepare(self, documents):
         """Per document, per segment, the model inputs (toolkit.sentences.prepare); at most
@@ -131,22 +163,19 @@ def attention_entry(source, ids, weights, sp):
                                :len(source)].mean(0).astype(float).round(4).tolist()}
 
 
-def translation_body(fields, service, entries, alternatives, maps):
+def translation_body(fields, entries, alternatives, maps, detections):
     """The answer of /translate: per q item its n-best entries [(text, score)], best first, shaped
-    as q was."""
+    as q was; detections: per item the language detected (source auto), or None."""
     one = isinstance(fields["q"], str)
     shape = (lambda values: values[0]) if one else (lambda values: values)
     body = {"translatedText": shape([document[0][0] for document in entries])}
     if alternatives:
         body["alternatives"] = shape([[text for text, _ in document[1:1 + alternatives]]
                                       for document in entries])
-    if fields.get("source") == "auto":
-        body["detectedLanguage"] = shape([detected(service)] * len(entries))
+    if detections is not None:
+        body["detectedLanguage"] = shape(detections)
     if maps is not None:
         body["nbest"] = [{"text": text, "score": round(score, 4)} for text, score in entries[0]]
         body["attention"] = maps
     return body
 
-
-def detected(service):
-    return {"confidence": 100, "language": service.source_lang}

@@ -1,6 +1,8 @@
 """The model of translate.py, serve.py and test.py --src, held open: one decoding graph over
 placeholders (or, to score, one teacher-forced graph) and a session with the checkpoint restored; or
 the CTranslate2 engine of a model exported by export.py --format ctranslate2."""
+import dataclasses
+
 import tensorflow as tf
 
 import decoding
@@ -37,15 +39,19 @@ class Translator:
             self.forced_scores = log_probs, log_probs / decoding.length_penalty(lengths, hp.alpha)
         else:
             # (N, nbest, T), (N, nbest): best first
-            settings = decoding.DecodingSettings.from_flags(hp)
-            self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, settings, nbest)
+            self.model, self.xs = model, xs
+            self.settings = decoding.DecodingSettings.from_flags(hp)
+            self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, self.settings, nbest)
+            self.beams = {None: (self.nbest_ids, self.nbest_scores)}
         if with_attention:
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
         self.sess = trained.session()
 
-    def run(self, sources, with_attention=True):
+    def run(self, sources, with_attention=True, beam=None):
         """sources: list of N id lists, each ending in </s>. with_attention: run the attention pass
-        (a translator built with_attention) for these sources; False skips it.
+        (a translator built with_attention) for these sources; False skips it. beam: a beam size
+        other than the flags' (the beam best translations of each source), its graph built on
+        first use over the same weights.
 
         Returns per source: nbest ids (K, T) ending in </s> then 0s, scores (K,) (a slot beam search
         could not fill scores NEG_INF), and the best translation's attention (h, T2, T1), or None
@@ -53,11 +59,20 @@ class Translator:
         """
         x, x_seqlen = pad(sources)
         feed = {self.x: x, self.x_seqlen: x_seqlen}
-        ids, scores = self.sess.run([self.nbest_ids, self.nbest_scores], feed)
+        ids, scores = self.sess.run(self.decoder(beam), feed)
         attention = [None] * len(sources)
         if self.attention is not None and with_attention:
             attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
         return list(zip(ids, scores, attention))
+
+    def decoder(self, beam):
+        """The (ids, scores) tensors of the beam best translations under a beam of that size (of
+        the flags' beam and n-best when None)."""
+        if beam not in self.beams:
+            settings = dataclasses.replace(self.settings, beam_size=beam)
+            with self.sess.graph.as_default():  # the default graph is per thread
+                self.beams[beam] = decoding.nbest(self.model, self.xs, settings, beam)
+        return self.beams[beam]
 
     def score(self, sources, targets):
         """sources, targets: lists of N id lists, each ending in </s>. Returns per pair (log
