@@ -153,9 +153,10 @@ def export_staging(export_dir):
         yield tmp
 
 
-def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
+def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization, manifest):
     """Writes the checkpoint ckpt as a CTranslate2 model directory, through a temporary directory
-    renamed into place."""
+    renamed into place; its settings keep the data dir's languages (manifest), which serve.py
+    names."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -164,7 +165,8 @@ def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization):
             from None
     settings = {flag: getattr(hp, flag) for flag
                 in ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")}
-    settings.update(quantization=quantization, checkpoint=os.path.basename(ckpt))
+    settings.update(quantization=quantization, checkpoint=os.path.basename(ckpt),
+                    **{key: manifest[key] for key in ("src_lang", "tgt_lang") if key in manifest})
     with export_staging(export_dir) as tmp:
         with pinned_checkpoint(ckpt) as path:  # training may rotate ckpt away meanwhile
             weights = ctranslate2_engine.checkpoint_weights(path)
@@ -181,7 +183,8 @@ def main(argv=None):
     trained = TrainedModel(hp, args.ckpt)
     ckpt, bpe_model = trained.ckpt, trained.bpe_model
     if args.format == "ctranslate2":
-        export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization)
+        export_ctranslate2(hp, ckpt, bpe_model, args.export_dir, args.quantization,
+                           trained.manifest)
         print("exported %s (%s) to %s; try: python translate.py --engine ctranslate2 --model %s "
               "\"a sentence\"" % (os.path.basename(ckpt), args.quantization, args.export_dir,
                                   shlex.quote(args.export_dir)))

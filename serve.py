@@ -2,7 +2,9 @@
 to try it at /.
 
     python serve.py --logdir runs/multi30k --port 5000 [--host 127.0.0.1] [--beam_size 4 --ckpt PATH
-    ...] curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+    ...]
+    python serve.py --engine ctranslate2 --model ct2/multi30k   # export.py --format ctranslate2
+    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
          -d '{"q": "Ein Mann schläft.", "source": "de", "target": "en"}'
 
 Endpoints (docs/serving.md has every field and error):
@@ -50,10 +52,11 @@ from toolkit.documents import Document
 from toolkit.errors import UserError, run_cli
 from toolkit.front_door import check_flags, connection_logger, read_fields, shown
 from toolkit.trained_model import decoding_flags, trained_hparams
+from toolkit.ctranslate2_engine import exported_hparams
 from toolkit.drop_in import (TranslatedFiles, cors_headers, cors_origins, frontend_settings,
                              uploaded_document)
 from toolkit.language_detection import candidates, language_name
-from toolkit.translation_service import Service, flag, nonnegative_int, translation_body
+from toolkit.translation_service import Service, nonnegative_int, translation_body
 
 
 #: The page served at /.
@@ -95,6 +98,12 @@ def build_parser():
                        help="seconds a request may wait for its translations; then it gets a 504 "
                        "(and is dropped "
                             "if the model has not started on it)")
+    group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
+                       help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
+                       "directory --model written by export.py --format ctranslate2 (int8 too), "
+                       "its decoding settings under the decoding flags given; no attention")
+    group.add_argument("--model", default="", metavar="DIR",
+                       help="with --engine ctranslate2: the exported model directory")
     group.add_argument("--max_alternatives", type=int, default=3, help=(
         "most alternatives a request may ask for; past --beam_size - 1 the request is decoded "
         "under a beam of alternatives + 1"))
@@ -112,6 +121,8 @@ def parse_args(argv):
     """Returns hp (LOGDIR/hparams.json with the decoding flags given on top) and every flag."""
     args, given = parse_flags(build_parser(), argv)
     check_flags(args)
+    if args.engine == "ctranslate2":
+        return exported_hparams(args.model, given, args.test_batch_size, args.threads), args
     return trained_hparams(args.logdir, decoding_flags(given)), args
 
 
@@ -129,9 +140,7 @@ async def translate_handler(request):
                        % shown(fmt))
     alternatives = nonnegative_int(fields, "alternatives", service.most_alternatives,
                                    "--max_alternatives, or --beam_size - 1")
-    attention = flag(fields, "attention")
-    if attention and not isinstance(fields["q"], str):
-        raise ApiError(400, "Invalid request: attention needs q to be one string")
+    attention = service.wants_attention(fields)
     detections = service.detect_source(items) if fields.get("source") == "auto" else None
     entries, maps, request["sentences"] = await service.translate_documents(
         [Document(item, fmt) for item in items], attention, service.beam_for(alternatives))

@@ -45,7 +45,6 @@ search maximizes.
 counted from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last
 decoder block.
 """
-import argparse
 import contextlib
 import math
 import sys
@@ -153,22 +152,9 @@ def check_score_flags(args):
 def ctranslate2_hparams(args, given):
     """The settings of --model DIR (export.py --format ctranslate2) with the decoding flags given on
     top."""
-    if not args.model:
-        raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py "
-                        "--format ctranslate2")
+    hp = ctranslate2_engine.exported_hparams(args.model, given, args.test_batch_size, args.threads)
     if args.plot_attention:
         raise UserError("--plot_attention needs --engine tensorflow")
-    try:
-        settings = ctranslate2_engine.read_settings(args.model)
-    except (OSError, ValueError):
-        raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
-                        "(no readable %s)"
-                        % (args.model, ctranslate2_engine.SETTINGS_FILE)) from None
-    hp = argparse.Namespace(**{**settings, "test_batch_size": args.test_batch_size,
-                               "threads": args.threads})
-    vars(hp).update({flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b")
-                     if flag in given})
-    check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
     return hp
 
 

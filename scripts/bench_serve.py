@@ -1,5 +1,7 @@
-"""Load benchmark of serve.py: 1, 8 and 32 concurrent clients send one sentence per request for --seconds each,
-then translate.py's decoding translates the same sentences in batches, for comparison.
+"""Load benchmark of serve.py on both engines: 1, 8 and 32 concurrent clients send one sentence per request for
+--seconds each, to serve.py on the checkpoint (tensorflow) and on its CTranslate2 export (--ct2_model, or the
+checkpoint exported now in int8); then translate.py's decoding translates the same sentences in batches, for
+comparison.
 
     python scripts/bench_serve.py --logdir runs/multi30k [--input FILE] [--seconds 10] [--clients 1,8,32]
         [--serve_flags "--batch_wait_ms 5"] [decoding flags of translate.py, e.g. --beam_size 4, for both]
@@ -8,7 +10,8 @@ It starts serve.py itself (on a free 127.0.0.1 port) and stops it before transla
 share the CPU. Per level it prints requests/s, sentences/s, p50/p95 latency, failed requests (anything but an
 answer or a 429) and 429s; then the server's resident memory (RSS) after start-up and after the last level, and
 translate.py's sentences/s over the input (model loading excluded: translate.translate_all alone is timed). The
-last line is one JSON object with all of it and "ratio": the server's sentences/s at the most clients over
+last line is one JSON object with all of it: "engines" (per engine its "levels" and "server_rss_mb"; the first
+engine's also at the top level) and "ratio": the first engine's sentences/s at the most clients over
 translate.py's. Clients are threads on keep-alive connections, in this process: on a small machine they take CPU
 from the server too.
 """
@@ -158,6 +161,12 @@ def build_parser():
     parser.add_argument("--input", default=DEFAULT_INPUT, help="UTF-8 sentences, one per line (empty lines skipped)")
     parser.add_argument("--seconds", type=float, default=10, help="how long each level of load lasts")
     parser.add_argument("--clients", default="1,8,32", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--engines", default="tensorflow,ctranslate2",
+                        help="serve.py's engines to load, comma-separated, in order; the ratio is the first's")
+    parser.add_argument("--ct2_model", default="",
+                        help="the export (export.py --format ctranslate2) the ctranslate2 engine serves; default: the "
+                        "checkpoint exported now with --ct2_quantization")
+    parser.add_argument("--ct2_quantization", default="int8", help="export.py's --quantization of that export")
     parser.add_argument("--serve_flags", default="", help="more flags for serve.py alone, e.g. '--batch_wait_ms 5'")
     return parser
 
@@ -172,23 +181,52 @@ def main(argv=None):
         raise UserError("--input %s has no sentences" % args.input)
     flags = ["--logdir", args.logdir, *decoding]
     levels = [int(clients) for clients in args.clients.split(",")]
-    with Server(flags + args.serve_flags.split()) as server:
+    engines = {}
+    for engine in args.engines.split(","):
+        engine_flags = ctranslate2_flags(args, decoding) if engine == "ctranslate2" else []
+        engines[engine] = serve_levels(engine, flags + engine_flags + args.serve_flags.split(),
+                                       sentences, levels, args.seconds)
+    reference = translate_py_speed(flags + ["--input", args.input], sentences)
+    print("translate.py: %(sentences_per_s).1f sentences/s over %(sentences)d sentences" % reference, flush=True)
+    first = next(iter(engines.values()))
+    ratio = first["levels"][-1]["sentences_per_s"] / reference["sentences_per_s"]
+    print(json.dumps({"machine": runtime.machine_summary(), "seconds": args.seconds, **first, "engines": engines,
+                      "translate_py": reference, "ratio": round(ratio, 3)}))
+    return 0
+
+
+def serve_levels(engine, flags, sentences, levels, seconds):
+    """Every level of load on serve.py started with flags: {"levels": figures, "server_rss_mb": ...}."""
+    with Server(flags) as server:
         pair = language_pair(server)
         rss_start = server.rss_mb()
         figures = []
         for clients in levels:
-            figures.append(load_level(server, pair, sentences, clients, args.seconds))
-            print("%(clients)d clients: %(requests_per_s).1f requests/s, %(sentences_per_s).1f sentences/s, p50 "
-                  "%(p50_ms)s ms, p95 %(p95_ms)s ms, %(failed)d failed, %(rejected_429)d 429s" % figures[-1],
-                  flush=True)
+            figures.append(load_level(server, pair, sentences, clients, seconds))
+            print("%s, %%(clients)d clients: %%(requests_per_s).1f requests/s, %%(sentences_per_s).1f sentences/s, "
+                  "p50 %%(p50_ms)s ms, p95 %%(p95_ms)s ms, %%(failed)d failed, %%(rejected_429)d 429s" % engine
+                  % figures[-1], flush=True)
         rss_end = server.rss_mb()
-    reference = translate_py_speed(flags + ["--input", args.input], sentences)
-    print("translate.py: %(sentences_per_s).1f sentences/s over %(sentences)d sentences" % reference, flush=True)
-    ratio = figures[-1]["sentences_per_s"] / reference["sentences_per_s"]
-    print(json.dumps({"machine": runtime.machine_summary(), "seconds": args.seconds, "levels": figures,
-                      "server_rss_mb": {"start": round(rss_start, 1), "end": round(rss_end, 1)},
-                      "translate_py": reference, "ratio": round(ratio, 3)}))
-    return 0
+    return {"levels": figures, "server_rss_mb": {"start": round(rss_start, 1), "end": round(rss_end, 1)}}
+
+
+def ctranslate2_flags(args, decoding):
+    """serve.py's flags of the CTranslate2 engine: --ct2_model, or the checkpoint exported now (with
+    --ct2_quantization) into a directory removed at exit."""
+    model = args.ct2_model
+    if not model:
+        import export
+        directory = tempfile.TemporaryDirectory(prefix="bench-ct2-")
+        EXPORTS.append(directory)
+        model = os.path.join(directory.name, "model")
+        if export.main(["--logdir", args.logdir, *decoding, "--export_dir", model, "--format", "ctranslate2",
+                        "--quantization", args.ct2_quantization]) != 0:
+            raise UserError("export.py --format ctranslate2 failed")
+    return ["--engine", "ctranslate2", "--model", model]
+
+
+#: The temporary directories of models exported by ctranslate2_flags, removed when the process ends.
+EXPORTS = []
 
 
 def language_pair(server):

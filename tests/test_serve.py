@@ -40,11 +40,30 @@ FLAGS = ["--beam_size", "4"]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):
+def ct2_model(tiny_model, tmp_path_factory):
+    """The tiny model exported by export.py --format ctranslate2 (float32)."""
+    pytest.importorskip("ctranslate2")
+    import export
+    directory = str(tmp_path_factory.mktemp("ct2") / "model")
+    assert export.main(["--logdir", tiny_model[0], "--export_dir", directory, "--format", "ctranslate2"]) == 0
+    return directory
+
+
+@pytest.fixture(scope="module", params=["tensorflow", "ctranslate2"])
+def server(request, tiny_model):
+    """The server of the API tests, on each engine: the checkpoint, and its CTranslate2 export."""
     logdir, data_dir = tiny_model
+    engine = ["--engine", "ctranslate2", "--model", request.getfixturevalue("ct2_model")] \
+        if request.param == "ctranslate2" else []
     with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, "--api_key", KEY, "--char_limit",
-                             str(CHAR_LIMIT), "--max_sentences", str(MAX_SENTENCES)]) as running:
+                             str(CHAR_LIMIT), "--max_sentences", str(MAX_SENTENCES), *engine]) as running:
+        running.engine, running.engine_flags = request.param, engine
         yield running
+
+
+def needs_attention(server):
+    if server.engine != "tensorflow":
+        pytest.skip("attention needs --engine tensorflow")
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +91,22 @@ def translate_py(directory, logdir, data_dir, sentences, *flags):
         return lines.read().splitlines()
 
 
-@pytest.fixture(scope="module")
-def nbest(tiny_model, tmp_path_factory):
+def nbest_of(directory, tiny_model, *flags):
     """translate.py --nbest 4 of SENTENCE alone: [(text, score)], best first."""
-    lines = translate_py(tmp_path_factory.mktemp("nbest"), *tiny_model, [SENTENCE], "--nbest", "4")
+    lines = translate_py(directory, *tiny_model, [SENTENCE], "--nbest", "4", *flags)
     return [(text, float(score)) for _, text, score in (line.split(" ||| ") for line in lines)]
+
+
+@pytest.fixture(scope="module")
+def tf_nbest(tiny_model, tmp_path_factory):
+    return nbest_of(tmp_path_factory.mktemp("nbest"), tiny_model)
+
+
+@pytest.fixture
+def nbest(server, tf_nbest, tiny_model, tmp_path):
+    """The n-best of the server's engine (CTranslate2's beam search scores its entries its own
+    way: its translations are translate.py --engine ctranslate2's)."""
+    return nbest_of(tmp_path, tiny_model, *server.engine_flags) if server.engine_flags else tf_nbest
 
 
 # ---------------------------------------------------------------- the API against translate.py
@@ -87,7 +117,7 @@ def test_a_string_is_translated_as_translate_py_does(client, nbest):
 def test_a_list_is_translated_in_order_as_translate_py_does(server, tiny_model, tmp_path):
     status, answer = post(server, "translate", {"q": SENTENCES, "source": "de", "target": "en"})
     assert status == 200
-    assert answer["translatedText"] == translate_py(tmp_path, *tiny_model, SENTENCES)
+    assert answer["translatedText"] == translate_py(tmp_path, *tiny_model, SENTENCES, *server.engine_flags)
     assert answer["translatedText"][2] == ""
 
 
@@ -95,12 +125,14 @@ def test_alternatives_and_the_page_s_nbest_are_translate_py_s(server, nbest):
     status, answer = post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en", "alternatives": 2})
     assert status == 200
     assert (answer["translatedText"], answer["alternatives"]) == (nbest[0][0], [text for text, _ in nbest[1:3]])
+    needs_attention(server)
     status, answer = post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en", "attention": True})
     assert [entry["text"] for entry in answer["nbest"]] == [text for text, _ in nbest]
     assert [entry["score"] for entry in answer["nbest"]] == pytest.approx([score for _, score in nbest], abs=1e-3)
 
 
 def test_attention_has_a_row_per_target_piece_summing_to_one(server, tiny_model):
+    needs_attention(server)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(tiny_model[1], "bpe.model"))
     parts, _ = sentences.prepare(LONG, sp, TINY_MODEL_MAXLEN1 - 1)
     status, answer = post(server, "translate", {"q": LONG, "source": "de", "target": "en", "attention": True})
@@ -112,6 +144,13 @@ def test_attention_has_a_row_per_target_piece_summing_to_one(server, tiny_model)
         assert len(entry["weights"]) == len(entry["target"])
         for row in entry["weights"]:
             assert len(row) == len(entry["source"]) and sum(row) == pytest.approx(1, abs=1e-2)
+
+
+def test_the_ctranslate2_engine_refuses_attention_with_the_reason(server):
+    if server.engine == "tensorflow":
+        pytest.skip("the TensorFlow engine has attention")
+    status, answer = post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en", "attention": True})
+    assert status == 400 and "--engine tensorflow" in answer["error"]
 
 
 def test_html_keeps_tags_and_translates_each_text_run(server):
@@ -380,7 +419,8 @@ def test_fuzz_two_thousand_malformed_requests_get_no_5xx_and_it_still_translates
 
 
 # ---------------------------------------------------------------- queue, shutdown, flags
-def test_a_full_queue_is_429_and_sigterm_answers_the_request_in_flight(tiny_model, nbest):
+def test_a_full_queue_is_429_and_sigterm_answers_the_request_in_flight(tiny_model, tf_nbest):
+    nbest = tf_nbest
     logdir, data_dir = tiny_model
     # the worker waits 3 s for more sentences: the first request stays in the queue that long
     with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, "--queue_size", "1",
@@ -477,8 +517,10 @@ def test_bench_serve_reports_every_level_and_translate_py(tiny_model, capsys):
                                   "--clients", "1,4")
     assert code == 0
     report = json.loads(out.strip().splitlines()[-1])
-    assert [level["clients"] for level in report["levels"]] == [1, 4]
-    for level in report["levels"]:
+    assert list(report["engines"]) == ["tensorflow", "ctranslate2"]
+    assert report["levels"] == report["engines"]["tensorflow"]["levels"]
+    assert [level["clients"] for level in report["engines"]["ctranslate2"]["levels"]] == [1, 4]
+    for level in report["engines"]["tensorflow"]["levels"] + report["engines"]["ctranslate2"]["levels"]:
         assert level["requests"] > 0 and level["failed"] == level["rejected_429"] == 0
         assert level["p50_ms"] <= level["p95_ms"]
         assert level["sentences_per_s"] == pytest.approx(level["requests_per_s"], rel=1e-2)

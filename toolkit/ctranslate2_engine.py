@@ -27,12 +27,15 @@ kernels (in, out)):
 The sinusoidal positions are written out as a table (CTranslate2's own sinusoids put all sines
 before all cosines; ours interleave them, modules.positional_encoding).
 """
+import argparse
 import json
 import os
 import shutil
 
 import numpy as np
 
+from hparams import check_ranges
+from toolkit.errors import UserError
 from toolkit.outputs import write_json
 
 #: The settings file of a converted model directory.
@@ -145,6 +148,25 @@ def write_model(weights, hp, bpe_model, model_dir, quantization="float32", setti
     write_json(os.path.join(model_dir, SETTINGS_FILE), settings or {})
 
 
+def exported_hparams(model_dir, given, test_batch_size, threads):
+    """The settings of model_dir (written by export.py --format ctranslate2) as hparams, with the
+    decoding flags given (a dict) on top; a UserError when model_dir is not given or not one."""
+    if not model_dir:
+        raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py "
+                        "--format ctranslate2")
+    try:
+        settings = read_settings(model_dir)
+    except (OSError, ValueError):
+        raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
+                        "(no readable %s)" % (model_dir, SETTINGS_FILE)) from None
+    hp = argparse.Namespace(**{**settings, "test_batch_size": test_batch_size,
+                               "threads": threads})
+    vars(hp).update({flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b")
+                     if flag in given})
+    check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
+    return hp
+
+
 def read_settings(model_dir):
     """The SETTINGS_FILE dict of a converted model directory."""
     with open(os.path.join(model_dir, SETTINGS_FILE), encoding="utf-8") as f:
@@ -179,25 +201,28 @@ class Translator:
         return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids
                    in sources)
 
-    def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False):
+    def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False,
+               nbest=None):
         """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps
         at most (the last one may only give </s>; default self.max_steps), min_steps at least;
-        beam_size default the settings'."""
+        beam_size default the settings', nbest hypotheses each (default self.nbest)."""
         max_steps = max_steps or self.max_steps(sources)
         return self.engine.translate_batch(
             [[self.sp.id_to_piece(int(i)) for i in ids] for ids in sources],
-            beam_size=beam_size or self.settings.beam_size, num_hypotheses=self.nbest,
+            beam_size=beam_size or self.settings.beam_size, num_hypotheses=nbest or self.nbest,
             length_penalty=self.settings.alpha,
             max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps
             - 1, suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True,
             return_end_token=return_end_token)
 
-    def run(self, sources):
+    def run(self, sources, with_attention=False, beam=None):
         """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T)
-        ending in </s> then 0s, scores (K,), None)."""
+        ending in </s> then 0s, scores (K,), None). beam: a beam size other than the settings'
+        (its beam best translations). with_attention: taken for translator.Translator's
+        interface; this engine has no attention pass."""
         from data_load import pad
         results = []
-        for result in self.decode(sources):
+        for result in self.decode(sources, beam_size=beam, nbest=beam):
             hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens
                           in result.hypotheses]
             results.append((pad(hypotheses)[0], np.array(result.scores, np.float32), None))

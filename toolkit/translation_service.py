@@ -11,7 +11,7 @@ from toolkit.ids import PAD_ID
 from toolkit.language_detection import candidates, language_name, warm_up
 from toolkit.sentences import nbest_texts, prepare
 from toolkit.trained_model import TrainedModel
-from toolkit.translator import Translator
+from toolkit.translator import Translator, ctranslate2_translator
 
 
 class Service:
@@ -19,16 +19,15 @@ class Service:
     limits."""
 
     def __init__(self, hp, args):
-        trained = TrainedModel(hp, hp.ckpt)
-        manifest, self.sp = trained.manifest, trained.sentencepiece()
+        translator, self.sp, languages = open_translator(hp, args.engine, args.model)
         # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
-        self.source_lang, self.target_lang = manifest.get("src_lang",
-                                                          "de"), manifest.get("tgt_lang", "en")
+        self.source_lang, self.target_lang = languages.get("src_lang",
+                                                           "de"), languages.get("tgt_lang", "en")
+        self.engine = args.engine
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
         self.key = os.fsencode(args.api_key)  # the bytes given on the command line
         # a request for more alternatives than the flags' beam has decodes under a wider beam
         self.most_alternatives = max(args.max_alternatives, hp.beam_size - 1)
-        translator = Translator(trained, hp.beam_size, with_attention=True)
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
                                args.queue_size, args.timeout)
         warm_up()
@@ -71,6 +70,16 @@ class Service:
             raise ApiError(400, "%s is not supported: this model translates into %s"
                                 % (language_field("target", target), self.target_lang))
 
+    def wants_attention(self, fields):
+        """Whether the request asks for attention (true / 1); a 400 when it cannot have it."""
+        attention = flag(fields, "attention")
+        if attention and not isinstance(fields["q"], str):
+            raise ApiError(400, "Invalid request: attention needs q to be one string")
+        if attention and self.engine != "tensorflow":
+            raise ApiError(400, "Invalid request: attention needs a server started with --engine "
+                           "tensorflow")
+        return attention
+
     def beam_for(self, alternatives):
         """The beam size a request for that many alternatives decodes with: None (the flags')
         when it has enough entries, else alternatives + 1."""
@@ -112,6 +121,17 @@ class Service:
                                 "(--max_sentences): send fewer per request"
                            % (count, self.args.max_sentences))
         return parts, count
+
+
+def open_translator(hp, engine, model_dir):
+    """(translator, sentencepiece model, the dict of src_lang / tgt_lang) of the engine: the
+    checkpoint of hp, or the CTranslate2 export in model_dir."""
+    if engine == "ctranslate2":
+        translator = ctranslate2_translator(model_dir, hp, hp.beam_size)
+        return translator, translator.sp, vars(hp)
+    trained = TrainedModel(hp, hp.ckpt)
+    translator = Translator(trained, hp.beam_size, with_attention=True)
+    return translator, trained.sentencepiece(), trained.manifest
 
 
 def language_field(name, value):
