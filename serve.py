@@ -26,13 +26,13 @@ CORS headers answer the origins of --cors_origins (any by default), a preflight 
 Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong
 api_key, 429 queue full, 504 past --timeout, 500 a failure of the server itself.
 
-Text is translated line by line as translate.py translates a line (same cleaning, same splitting of
-over-long lines, same translations); with format html the text between tags is, each run separately,
-and the tags stay. Requests share one queue: a worker thread takes the sentences that arrive within
---batch_wait_ms, up to
---test_batch_size, and runs the model on them at once, sorted by length. SIGTERM or Ctrl-C stops
-accepting connections, answers the requests already in, and exits 0. One line per request goes to
-standard error.
+Text is translated line by line, each line sentence by sentence (spaCy's sentencizer; the spacing
+kept), each as translate.py translates a line; --no_split translates a line whole, as translate.py
+does. With format html the text between tags is, each run separately, and the tags stay.
+Requests share one queue: a worker thread takes the sentences that arrive within --batch_wait_ms,
+up to --test_batch_size, and runs the model on them at once, sorted by length. SIGTERM or Ctrl-C
+stops accepting connections, answers the requests already in, and exits 0. One line per request
+goes to standard error.
 """
 import os
 
@@ -48,7 +48,6 @@ from aiohttp import web
 
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.batcher import ApiError
-from toolkit.documents import Document
 from toolkit.errors import UserError, run_cli
 from toolkit.front_door import check_flags, connection_logger, read_fields, shown
 from toolkit.trained_model import decoding_flags, trained_hparams
@@ -104,6 +103,9 @@ def build_parser():
                        "its decoding settings under the decoding flags given; no attention")
     group.add_argument("--model", default="", metavar="DIR",
                        help="with --engine ctranslate2: the exported model directory")
+    group.add_argument("--no_split", action="store_true",
+                       help="translate each line (html text run) whole, as before, instead of each "
+                       "of its sentences alone (spaCy's rule-based sentencizer)")
     group.add_argument("--max_alternatives", type=int, default=3, help=(
         "most alternatives a request may ask for; past --beam_size - 1 the request is decoded "
         "under a beam of alternatives + 1"))
@@ -143,7 +145,7 @@ async def translate_handler(request):
     attention = service.wants_attention(fields)
     detections = service.detect_source(items) if fields.get("source") == "auto" else None
     entries, maps, request["sentences"] = await service.translate_documents(
-        [Document(item, fmt) for item in items], attention, service.beam_for(alternatives))
+        [service.document(item, fmt) for item in items], attention, service.beam_for(alternatives))
     return web.json_response(translation_body(fields, entries, alternatives,
                                               maps if attention else None, detections))
 
@@ -156,8 +158,8 @@ async def translate_file_handler(request):
     service.check_languages(fields)
     if fields.get("source") == "auto":
         service.detect_source([text])
-    document = Document(text, fmt)
-    entries, _, request["sentences"] = await service.translate_documents([document])
+    entries, _, request["sentences"] = await service.translate_documents(
+        [service.document(text, fmt)])
     key = request.app["files"].add(entries[0][0][0].encode("utf-8"), name)
     return web.json_response({"translatedFileUrl": str(request.url.join(
         request.app.router["download"].url_for(key=key)))})

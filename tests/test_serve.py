@@ -37,6 +37,8 @@ LONG = "Heute ist der erste Mai. Die Zahl ist sechshundertneunundneunzig. Er zä
 SENTENCES = [SENTENCE, "Die Zahl ist sechshundertneunundneunzig.", "", LONG, "der neunte September"]
 CHAR_LIMIT, MAX_SENTENCES = 300, 12
 FLAGS = ["--beam_size", "4"]
+#: The API tests' server translates a line whole, as translate.py does; the default splits it.
+SERVE_FLAGS = FLAGS + ["--no_split"]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def server(request, tiny_model):
     logdir, data_dir = tiny_model
     engine = ["--engine", "ctranslate2", "--model", request.getfixturevalue("ct2_model")] \
         if request.param == "ctranslate2" else []
-    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, "--api_key", KEY, "--char_limit",
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, *SERVE_FLAGS, "--api_key", KEY, "--char_limit",
                              str(CHAR_LIMIT), "--max_sentences", str(MAX_SENTENCES), *engine]) as running:
         running.engine, running.engine_flags = request.param, engine
         yield running
@@ -272,6 +274,20 @@ def test_alternatives_at_the_default_beam_widen_the_request_s_beam(default_beam_
     status, answer = post(default_beam_server, "translate",
                           {"q": SENTENCE, "source": "de", "target": "en", "alternatives": 3}, key="")
     assert status == 400 and "--max_alternatives" in answer["error"]
+
+
+def test_a_three_sentence_paragraph_comes_back_as_three_translated_sentences_with_its_spacing(
+        default_beam_server):
+    sentences = ["Heute ist der erste Mai.", "Die Zahl ist elf.", "Er zählt bis drei."]
+    status, alone = post(default_beam_server, "translate", {"q": sentences, "source": "de", "target": "en"},
+                         key="")
+    assert status == 200 and all(alone["translatedText"])
+    paragraph = " %s  %s\t%s\n" % tuple(sentences)
+    status, answer = post(default_beam_server, "translate", {"q": paragraph, "source": "de", "target": "en"},
+                          key="")
+    assert status == 200
+    assert answer["translatedText"] == " %s  %s\t%s\n" % tuple(alone["translatedText"])
+    assert default_beam_server.stderr().splitlines()[-1].startswith("POST /translate 200 3 sentences")
 
 
 def test_cors_origins_allows_the_origins_named_only(default_beam_server):

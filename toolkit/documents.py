@@ -14,7 +14,9 @@ class Document:
     kept and None for each segment's translation). Text: every line is a segment. HTML: see
     HtmlSegments."""
 
-    def __init__(self, q, fmt):
+    def __init__(self, q, fmt, split=None):
+        """split: a function of a segment into [kept, sentence, kept, ..., kept] (toolkit.paragraphs
+        .split), to translate each sentence of a segment alone; None keeps a segment whole."""
         self.fmt = fmt
         if fmt == "html":
             parser = HtmlSegments()
@@ -25,6 +27,22 @@ class Document:
             self.segments = q.split("\n")
             self.template = [None if k % 2 == 0 else "\n" for k
                              in range(2 * len(self.segments) - 1)]
+        if split is not None:
+            self.split_segments(split)
+
+    def split_segments(self, split):
+        """Replaces each segment with the sentences split finds in it, the text between them
+        kept."""
+        template, segments, old = [], [], iter(self.segments)
+        for kept in self.template:
+            pieces = [kept] if kept is not None else split(next(old))
+            for k, piece in enumerate(pieces):
+                if k % 2:
+                    template.append(None)
+                    segments.append(piece)
+                elif piece:
+                    template.append(piece)
+        self.template, self.segments = template, segments
 
     def render(self, translations):
         """The document with its segments replaced by translations (one per segment, in order)."""

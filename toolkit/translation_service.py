@@ -1,11 +1,13 @@
 """The model behind serve.py's API: its translator in a Batcher, its sentencepiece model and
 languages, the limits of a request, and how a request's fields become the model's inputs and its
 results the answer's fields. Every refusal is an ApiError with its HTTP status."""
+import functools
 import hmac
 import os
 
 from toolkit.batcher import ApiError, Batcher
-from toolkit.documents import document_entries
+from toolkit import paragraphs
+from toolkit.documents import Document, document_entries
 from toolkit.front_door import whole_number
 from toolkit.ids import PAD_ID
 from toolkit.language_detection import candidates, language_name, warm_up
@@ -24,6 +26,9 @@ class Service:
         self.source_lang, self.target_lang = languages.get("src_lang",
                                                            "de"), languages.get("tgt_lang", "en")
         self.engine = args.engine
+        # each sentence of a paragraph translated alone, unless --no_split
+        self.split = None if args.no_split else functools.partial(paragraphs.split,
+                                                                  lang=self.source_lang)
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
         self.key = os.fsencode(args.api_key)  # the bytes given on the command line
         # a request for more alternatives than the flags' beam has decodes under a wider beam
@@ -31,6 +36,8 @@ class Service:
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
                                args.queue_size, args.timeout)
         warm_up()
+        if self.split:
+            self.split("Loads the sentencizer now. Not in the first request.")
 
     def close(self):
         self.batcher.stop()
@@ -69,6 +76,11 @@ class Service:
         if target != self.target_lang:
             raise ApiError(400, "%s is not supported: this model translates into %s"
                                 % (language_field("target", target), self.target_lang))
+
+    def document(self, text, fmt):
+        """A q item as the segments to translate: its lines (or html text runs), each split into
+        its sentences unless --no_split."""
+        return Document(text, fmt, self.split)
 
     def wants_attention(self, fields):
         """Whether the request asks for attention (true / 1); a 400 when it cannot have it."""
