@@ -196,8 +196,8 @@ def main(argv=None):
     with trained.session() as sess:
         ckpt = trained.ckpt
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)
-    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s "
-          "\"a sentence\""
+    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a "
+          "sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir,
              shlex.quote(args.export_dir)))
     return 0

@@ -1,8 +1,8 @@
 """An HTTP translation server for a model trained by this toolkit: LibreTranslate's API, and a page
 to try it at /.
 
-    python serve.py --logdir runs/multi30k --port 5000 [--host 127.0.0.1] [--beam_size 4 --ckpt PATH
-    ...]
+    python serve.py --logdir runs/multi30k --port 5000 [--host 127.0.0.1] \\
+        [--beam_size 4 --ckpt PATH ...]
     python serve.py --engine ctranslate2 --model ct2/multi30k   # export.py --format ctranslate2
     curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
          -d '{"q": "Ein Mann schläft.", "source": "de", "target": "en"}'
@@ -66,56 +66,53 @@ PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page", "i
 def build_parser():
     """hparams.py's parser with its decoding flags, and the flags of serve.py alone."""
     parser = Hparams(DECODING_FLAGS, "serve.py", "Serve a trained model over HTTP with "
-                     "LibreTranslate's API and a "
-                                                 "page to try it at / (see the top of serve.py and "
-                                                 "docs/serving.md). Its language codes are those "
-                     "prepro.py recorded "
+                                                 "LibreTranslate's API and a page to try it at / "
+                                                 "(see the top of serve.py and docs/serving.md). "
+                                                 "Its language codes are those prepro.py recorded "
                                                  "in the data dir's manifest.json (--src_lang, "
-                     "--tgt_lang).").parser
+                                                 "--tgt_lang).").parser
     group = parser.add_argument_group("serve.py")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 listens on every interface")
     group.add_argument("--port", type=int, default=5000, help="TCP port to listen on "
-                       "(LibreTranslate's); 0 picks a "
-                                                              "free one, named in the 'serving on' "
-                       "line")
+                                                              "(LibreTranslate's); 0 picks a free "
+                                                              "one, named in the 'serving on' line")
     group.add_argument("--batch_wait_ms", type=float, default=5,
                        help="how long the worker waits for more sentences to batch with the first "
-                       "waiting one; "
-                            "0 runs each request's sentences as soon as the model is free")
+                            "waiting one; 0 runs each request's sentences as soon as the model is "
+                            "free")
     group.add_argument("--char_limit", type=int, default=5000,
                        help="most characters of one q item (each item of a list counts alone, as "
-                       "in LibreTranslate); more is a 400")
+                            "in LibreTranslate); more is a 400")
     group.add_argument("--max_sentences", type=int, default=200,
                        help="most sentences in one request (lines of q, text runs of html, and the "
-                       "parts a line "
-                            "longer than the model's --maxlen1 is split into); more is a 400")
+                            "parts a line longer than the model's --maxlen1 is split into); more "
+                            "is a 400")
     group.add_argument("--queue_size", type=int, default=64,
                        help="most requests waiting or being translated at once; one more is "
-                       "refused with 429")
+                            "refused with 429")
     group.add_argument("--timeout", type=float, default=60,
                        help="seconds a request may wait for its translations; then it gets a 504 "
-                       "(and is dropped "
-                            "if the model has not started on it)")
+                            "(and is dropped if the model has not started on it)")
     group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
                        help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
-                       "directory --model written by export.py --format ctranslate2 (int8 too), "
-                       "its decoding settings under the decoding flags given; no attention")
+                            "directory --model written by export.py --format ctranslate2 (int8 "
+                            "too), its decoding settings under the decoding flags given; no "
+                            "attention")
     group.add_argument("--model", default="", metavar="DIR",
                        help="with --engine ctranslate2: the exported model directory")
     group.add_argument("--no_split", action="store_true",
                        help="translate each line (html text run) whole, as before, instead of each "
-                       "of its sentences alone (spaCy's rule-based sentencizer)")
+                            "of its sentences alone (spaCy's rule-based sentencizer)")
     group.add_argument("--max_alternatives", type=int, default=3, help=(
         "most alternatives a request may ask for; past --beam_size - 1 the request is decoded "
         "under a beam of alternatives + 1"))
     group.add_argument("--cors_origins", default="*", help=(
-        "origins whose browser pages may call the API (CORS), comma-separated; * (default) "
-        "allows any"))
+        "origins whose browser pages may call the API (CORS), comma-separated; * (default) allows "
+        "any"))
     group.add_argument("--api_key", default="",
                        help="if given, /translate and /detect need this api_key field (403 without "
-                       "it); the page "
-                            "sends the one in its address, /?api_key=KEY")
+                            "it); the page sends the one in its address, /?api_key=KEY")
     return parser
 
 

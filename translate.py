@@ -1,18 +1,18 @@
 """Translates raw text with a trained model: sentences given as arguments, a file, or standard
 input.
 
-    python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."   # one
-        line each
-    python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]          # batched,
-        in order
-    python translate.py --logdir runs/multi30k                # standard input: each line printed
-                                                              # when done
-    python translate.py --engine ctranslate2 --model ct2/multi30k "Ein Mann schläft."   # export.py
-        --format ctranslate2
-    python translate.py --logdir runs/multi30k --input src.de --score ref.en   #
-        LOGPROB<TAB>NORMALIZED per pair
-    options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH --test_batch_size
-    128
+    python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."
+        # one line each
+    python translate.py --logdir runs/multi30k --input src.de [--output hyp.en]
+        # batched, in order
+    python translate.py --logdir runs/multi30k
+        # standard input: each line printed when done
+    python translate.py --engine ctranslate2 --model ct2/multi30k "Ein Mann schläft."
+        # export.py --format ctranslate2
+    python translate.py --logdir runs/multi30k --input src.de --score ref.en
+        # LOGPROB<TAB>NORMALIZED per pair
+    options: --beam_size 4 --alpha 0.6 --nbest 4 --plot_attention DIR --ckpt PATH
+             --test_batch_size 128
 
 The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py
 (--beam_size,
@@ -68,36 +68,31 @@ def build_parser():
     """hparams.py's parser with its decoding flags and the arguments and flags of translate.py
     alone."""
     parser = Hparams(DECODING_FLAGS, "translate.py", "Translate raw text with a trained model (see "
-                     "the top of "
-                                                     "translate.py).").parser
+                                                     "the top of translate.py).").parser
     group = parser.add_argument_group("translate.py")
     group.add_argument("sentences", nargs="*", metavar="SENTENCE",
                        help="sentences to translate; without any, --input FILE or standard input "
-                       "is read")
+                            "is read")
     group.add_argument("--input", default="", metavar="FILE",
                        help="UTF-8 file with one sentence per line, translated in batches of "
-                       "--test_batch_size")
+                            "--test_batch_size")
     group.add_argument("--output", default="", metavar="FILE",
                        help="write the translations to FILE instead of standard output")
     group.add_argument("--nbest", type=int, default=1, metavar="N",
                        help="print the N best translations with their scores (needs --beam_size N "
-                       "or more)")
+                            "or more)")
     group.add_argument("--plot_attention", default="", metavar="DIR",
                        help="write attention heat maps (PNG) of every translated line and of the "
-                       "positional "
-                            "encoding to DIR")
+                            "positional encoding to DIR")
     group.add_argument("--score", default="", metavar="REF",
                        help="with --input SRC: print LOGPROB<TAB>NORMALIZED of each line of REF as "
-                       "the translation "
-                            "of the line of SRC beside it (forced decoding; NORMALIZED divides by "
-                       "the length penalty "
-                            "of --alpha) instead of translating")
+                            "the translation of the line of SRC beside it (forced decoding; "
+                            "NORMALIZED divides by the length penalty of --alpha) instead of "
+                            "translating")
     group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
                        help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
-                       "model directory "
-                            "--model written by export.py --format ctranslate2 (its decoding "
-                       "settings, which the "
-                            "decoding flags override)")
+                            "model directory --model written by export.py --format ctranslate2 "
+                            "(its decoding settings, which the decoding flags override)")
     group.add_argument("--model", default="", metavar="DIR",
                        help="with --engine ctranslate2: the exported model directory")
     return parser

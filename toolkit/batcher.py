@@ -52,15 +52,14 @@ class Batcher:
             return []
         if self.pending >= self.queue_size:
             raise ApiError(429, "Too many requests: %d are waiting (--queue_size); try again "
-                           "shortly" % self.pending)
+                                "shortly" % self.pending)
         self.pending += 1
         try:
             future = asyncio.wrap_future(self.submit(sources, attention, beam))
             return await asyncio.wait_for(future, self.timeout)
         except asyncio.TimeoutError:
             raise ApiError(504, "the translation took longer than this server's --timeout of %g s: "
-                           "send fewer "
-                                "sentences or try again later" % self.timeout) from None
+                                "send fewer sentences or try again later" % self.timeout) from None
         finally:
             self.pending -= 1
 

@@ -83,6 +83,6 @@ class TranslatedFiles:
     def get(self, key):
         """(data, name) of key; a 404 when it is unknown or gone."""
         if key not in self.files:
-            raise ApiError(404, "Not found: the translated file is gone or never was; translate "
-                           "it again")
+            raise ApiError(404, "Not found: the translated file is gone or never was; translate it "
+                                "again")
         return self.files[key], key.split(".", 1)[1]

@@ -69,8 +69,8 @@ def json_fields(body):
     try:
         fields = json.loads(body)
     except (ValueError, RecursionError):
-        raise ApiError(400, "Invalid request: the body is not valid JSON (or is nested too "
-                       "deep)") from None
+        raise ApiError(400, "Invalid request: the body is not valid JSON (or is nested "
+                            "too deep)") from None
     if not isinstance(fields, dict):
         raise ApiError(400, "Invalid request: the JSON body must be an object")
     return fields
@@ -92,8 +92,8 @@ async def multipart_fields(request):
     except web.HTTPException:
         raise
     except (ValueError, LookupError, AssertionError, KeyError, TypeError) as error:
-        raise ApiError(400, "Invalid request: the multipart body cannot be read (%s): send it "
-                       "with its boundary, or send JSON" % error) from None
+        raise ApiError(400, "Invalid request: the multipart body cannot be read (%s): send it with "
+                            "its boundary, or send JSON" % error) from None
 
 
 def check_value(name, value):
@@ -103,10 +103,10 @@ def check_value(name, value):
     for item in items:
         if isinstance(item, (list, dict)):
             raise ApiError(400, "Invalid request: %s must be a string, a number or a list of "
-                           "strings" % shown(name))
+                                "strings" % shown(name))
         if isinstance(item, str) and not valid_text(item):
-            raise ApiError(400, "Invalid request: %s is not valid Unicode text (a lone "
-                           "surrogate?)" % shown(name))
+            raise ApiError(400, "Invalid request: %s is not valid Unicode text (a "
+                                "lone surrogate?)" % shown(name))
     if not valid_text(str(name)):
         raise ApiError(400, "Invalid request: a field's name is not valid Unicode text")
 

@@ -49,8 +49,8 @@ if "keras" not in sys.modules:
 
 #: Abseil's notice, written before TensorFlow's first start-up record, that it logs before being
 #: initialized.
-ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written "
-               "to STDERR")
+ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written to "
+               "STDERR")
 #: The start of an Abseil log record (severity letter, date, time, thread, file:line]).
 LOG_RECORD = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
 #: The first line of a Python warning (warnings.formatwarning), which is never part of a record.

@@ -50,21 +50,21 @@ class Service:
         if self.key and not (isinstance(given, str) and hmac.compare_digest(
                 given.encode("utf-8", "surrogatepass"), self.key)):
             raise ApiError(403, "Invalid API key: pass the api_key field this server was started "
-                           "with")
+                                "with")
 
     def items(self, fields):
         """The q items of a request (a list of strings), checked against the limits."""
         q = fields.get("q")
         if not q:
             raise ApiError(400, "Invalid request: missing q parameter (a string or a list of "
-                           "strings)")
+                                "strings)")
         items = [q] if isinstance(q, str) else q
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
             raise ApiError(400, "Invalid request: q must be a string or a list of strings")
         chars = max(len(item) for item in items)
         if chars > self.args.char_limit:
             raise ApiError(400, "Invalid request: a q item has %d characters, more than this "
-                           "server's limit of %d (--char_limit): send less text per item"
+                                "server's limit of %d (--char_limit): send less text per item"
                            % (chars, self.args.char_limit))
         return items
 
@@ -89,7 +89,7 @@ class Service:
             raise ApiError(400, "Invalid request: attention needs q to be one string")
         if attention and self.engine != "tensorflow":
             raise ApiError(400, "Invalid request: attention needs a server started with --engine "
-                           "tensorflow")
+                                "tensorflow")
         return attention
 
     def beam_for(self, alternatives):
@@ -106,7 +106,7 @@ class Service:
         for found in detections:
             if found["language"] != self.source_lang:
                 raise ApiError(400, "%s (%s) is not supported: the text looks %s (confidence %g), "
-                               "and this model translates from %s"
+                                    "and this model translates from %s"
                                % (language_name(found["language"]), found["language"],
                                   language_name(found["language"]), found["confidence"],
                                   self.source_lang))
@@ -129,8 +129,7 @@ class Service:
         count = sum(len(segment) for document in parts for segment in document)
         if count > self.args.max_sentences:
             raise ApiError(400, "Invalid request: %d sentences to translate, more than this "
-                           "server's limit of %d "
-                                "(--max_sentences): send fewer per request"
+                                "server's limit of %d (--max_sentences): send fewer per request"
                            % (count, self.args.max_sentences))
         return parts, count
 
