@@ -123,7 +123,8 @@ def read_json(path):
 
 def matmul_gflops():
     """A 2048x2048 fp32 matmul's speed here, in GFLOP/s (scripts/bench_train.py's reference), in a subprocess."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import bench_train, runtime, hparams; "
+    code = ("import sys; sys.path.insert(0, 'scripts'); import bench_train, hparams; "
+            "from toolkit import runtime; "
             "print(bench_train.matmul_gflops(runtime.session_config(hparams.Hparams().parser.parse_args([]))))")
     output = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(output.stdout.strip().splitlines()[-1])

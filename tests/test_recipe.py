@@ -276,6 +276,10 @@ def test_a_speed_is_estimated_from_the_first_candidates_by_the_ratio_of_model_fl
     assert recipe.estimated_speed(table, "one", "one", first) == pytest.approx(712.0)
 
 
+def test_the_matmul_reading_runs_in_a_process_of_its_own():
+    assert recipe.matmul_gflops() > 0  # the results' reading, and the speed estimate's with nothing measured
+
+
 def test_with_nothing_measured_a_speed_is_a_share_of_the_matmul_by_model_flops():
     # the table of the test above: one block, 188 FLOPs a forward pass on a pair of 1 and 1 tokens; 3 passes a step
     table = {"train_flags": ["--d_model", "2", "--d_ff", "3", "--num_heads", "1"], "runs": [],
