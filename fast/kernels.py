@@ -172,6 +172,12 @@ def remembered_failure(path):
         return None
 
 
+def first_error(result):
+    """The first error line of a compiler run that failed (its subprocess.CompletedProcess)."""
+    return next((line for line in result.stderr.splitlines() if "error" in line),
+                result.stderr.strip()[:200] or "exit status %d" % result.returncode)
+
+
 def build(path):
     """Compiles the library to path (atomically: processes that build at once each write their own
     file). A compiler that runs and fails is remembered (remember_failure); one that is missing is
@@ -190,10 +196,9 @@ def build(path):
         raise KernelsUnavailable("could not run %s (%s)" % (compiler(), e.strerror)) from None
     if result.returncode != 0:
         os.remove(partial)
-        first = next((line for line in result.stderr.splitlines() if "error" in line),
-                     result.stderr.strip()[:200] or "exit status %d" % result.returncode)
         remove_stale(path)
-        raise KernelsUnavailable(remember_failure(path, "%s failed: %s" % (compiler(), first)))
+        raise KernelsUnavailable(remember_failure(path, "%s failed: %s" % (compiler(),
+                                                                           first_error(result))))
     os.replace(partial, path)
     remove_stale(path)
 
@@ -439,8 +444,7 @@ def check_target(march):
     result = subprocess.run(check_command(march), capture_output=True, text=True)
     if result.returncode == 0:
         return True, ""
-    return False, next((line for line in result.stderr.splitlines() if "error" in line),
-                       result.stderr.strip()[:200] or "exit status %d" % result.returncode)
+    return False, first_error(result)
 
 
 def targets():

@@ -46,7 +46,6 @@ import threading
 import time
 from typing import Optional
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -55,6 +54,7 @@ import recipe_table  # noqa: E402
 from toolkit import runtime  # noqa: E402
 from toolkit.datadir import load_manifest, split_paths  # noqa: E402
 from toolkit.errors import UserError, run_cli  # noqa: E402
+from toolkit.idsfile import OFFSETS_DTYPE, map_file  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
 
@@ -250,7 +250,7 @@ def corpus_lengths(data_dir):
     paths = split_paths(data_dir, manifest, "train")
     per_side = []
     for side in (1, 2):
-        offsets = np.fromfile(paths["offsets%d" % side], dtype="<i8")
+        offsets = map_file(paths["offsets%d" % side], OFFSETS_DTYPE)
         per_side.append(float(offsets[-1]) / max(len(offsets) - 1, 1) + 1)
     return (manifest["vocab_size"], *per_side)
 
