@@ -31,7 +31,7 @@ from toolkit.corpora import FILE_FLAGS, SPLITS, file_splits, log, reversed_corpu
 from toolkit.corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from toolkit.corpora.numbers import numbers_corpus
 from toolkit.databuild import build_data_dir, read_bpe_model
-from toolkit.datadir import MANIFEST_NAME, check_data_dir, check_inputs_kept
+from toolkit.datadir import DEFAULT_LANGUAGES, MANIFEST_NAME, check_data_dir, check_inputs_kept
 from toolkit.errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line,
                             interrupted_exit_code, report,
                     run_cli)
@@ -162,7 +162,8 @@ def build_options(args, bpe_model=None):
 
     vocab_size = bpe_model.size if bpe_model else given_or(args.vocab_size,
                                                            DEFAULT_VOCAB_SIZE[args.dataset])
-    langs = (given_or(args.src_lang, "de"), given_or(args.tgt_lang, "en"))
+    langs = tuple(given_or(getattr(args, key), default) for key,
+                  default in DEFAULT_LANGUAGES.items())
     src_lang, tgt_lang = langs[::-1] if args.reverse else langs
     options = {"dataset": args.dataset, "vocab_size": vocab_size,
                "dedup": args.dedup, "filter_ratio": args.filter_ratio, "max_ratio": args.max_ratio,

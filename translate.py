@@ -22,13 +22,17 @@ segmented with the data dir's bpe.model. With --engine ctranslate2 the model, it
 decoding settings come from --model DIR.
 
 Every input line gives exactly one output line (with --nbest N: up to N lines `LINE ||| TRANSLATION
-||| SCORE`, LINE counted from 0, best first). Notes go to standard error:
+||| SCORE`, LINE counted from 0, best first). A line of several sentences (a paragraph) is split
+into them by spaCy's rule-based sentencizer for the source language, each translated alone (a model
+trained on single sentences drops or merges sentences of a paragraph read whole), and their
+translations joined with the text that was between them; --no_split translates every line whole,
+and --score never splits. Notes go to standard error:
   - an empty line gives an empty translation;
-  - a line longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off: it is
-    split into parts that fit, after sentence punctuation (. ! ?) where possible, else after , ; :,
-    else between words, else inside a word; the parts are translated separately and their
-    translations joined with spaces (with --nbest, entry k joins the k-th best of every part, and
-    its score is the sum of their scores);
+  - a sentence longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off:
+    it is split into parts that fit, after sentence punctuation (. ! ?) where possible, else after ,
+    ; :, else between words, else inside a word; the parts are translated separately and their
+    translations joined with spaces (with --nbest, entry k joins the k-th best of every part and
+    every sentence, and its score is the sum of their scores);
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is
     translated; on standard input such a line gives an empty translation and a note, and translation
     goes on.
@@ -46,6 +50,7 @@ counted from 1; DIR/LINE-PART.png for a split line) with the cross-attention hea
 decoder block.
 """
 import contextlib
+import functools
 import math
 import sys
 
@@ -53,12 +58,12 @@ from toolkit import runtime  # first: TensorFlow's environment defaults
 
 from data_load import run_in_length_batches
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
-from toolkit import ctranslate2_engine
+from toolkit import ctranslate2_engine, datadir, paragraphs
 from toolkit.errors import UserError, run_cli
 from toolkit.ids import EOS_ID
-from toolkit.outputs import atomic_file, check_not_an_input, check_writable_dir, check_writable_file
-from toolkit.sentences import (nbest_texts, output_lines, prepare, read_input, read_pair, report,
-                               stdin_lines, translated_lines)
+from toolkit.outputs import atomic_file, check_not_an_input, check_writable_file
+from toolkit.sentences import (output_lines, prepare, prepare_line, read_input, read_pair, report,
+                               stdin_lines, translated_lines, translation_entries)
 from toolkit.trained_model import TrainedModel, decoding_flags, read_dirs, trained_hparams
 from toolkit.translator import Translator, ctranslate2_translator
 
@@ -93,6 +98,10 @@ def build_parser():
                        help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
                             "model directory --model written by export.py --format ctranslate2 "
                             "(its decoding settings, which the decoding flags override)")
+    group.add_argument("--no_split", action="store_true",
+                       help="translate each line whole, as before, instead of each of its "
+                            "sentences alone (spaCy's rule-based sentencizer), joined back with "
+                            "the text between them")
     group.add_argument("--model", default="", metavar="DIR",
                        help="with --engine ctranslate2: the exported model directory")
     return parser
@@ -114,13 +123,14 @@ def parse_args(argv):
         raise UserError("standard output is closed: pass --output FILE, or let the translations go "
                         "to standard output")
     check_ranges(args, ("nbest",))
+    inputs = {"input": args.input, "score": args.score}
+    dirs = {"model directory": args.model} if args.engine == "ctranslate2" else read_dirs(hp)
     if args.output:
         check_writable_file(args.output, "output")
-        check_not_an_input(args.output, "output", {"input": args.input, "score": args.score},
-                           {"model directory": args.model} if args.engine == "ctranslate2"
-                           else read_dirs(hp))
+        check_not_an_input(args.output, "output", inputs, dirs)
     if args.plot_attention:
-        check_writable_dir(args.plot_attention, "plot_attention")
+        from toolkit.attention_plots import check_plot_dir  # matplotlib, when plots are asked for
+        check_plot_dir(args.plot_attention, "plot_attention", inputs, dirs)
     if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)"
                         % (args.nbest, args.nbest, hp.beam_size))
@@ -162,13 +172,11 @@ def attention_plots(directory, sp, d_model):
 
 
 # ---------------------------------------------------------------- modes
-def translate_all(translator, lines, sp, limit, args, plots, out, where):
+def translate_all(translator, lines, sp, limit, split, args, plots, out, where):
     """Translates a list of lines in batches and writes one output line (or n-best block) per line,
     in order."""
-    for number, (parts,
-                 part_results) in enumerate(translated_lines(translator, lines, sp, limit, where),
-                                            1):
-        write_line(out, number, parts, part_results, sp, args.nbest, plots)
+    for number, line in enumerate(translated_lines(translator, lines, sp, limit, where, split), 1):
+        write_line(out, number, *line, args.nbest, plots)
 
 
 def score_all(translator, sources, references, sp, out):
@@ -190,24 +198,25 @@ def forced_ids(text, sp, where, number):
     return parts[0] if parts else [EOS_ID]
 
 
-def translate_stream(translator, sp, limit, args, plots, out):
+def translate_stream(translator, sp, limit, split, args, plots, out):
     """Translates standard input line by line, writing each translation as soon as it is ready."""
     for number, text in enumerate(stdin_lines(), 1):
-        parts, notes = prepare(text, sp, limit)
+        document, segments, notes = prepare_line(text, sp, limit, split)
         report("line", number, notes)
-        part_results = run_in_length_batches(translator.run, parts,
-                                             translator.batch_size) if parts else []
-        write_line(out, number, parts, part_results, sp, args.nbest, plots)
+        inputs = [source for parts in segments for source in parts]
+        results = run_in_length_batches(translator.run, inputs,
+                                        translator.batch_size) if inputs else []
+        entries = translation_entries(document, segments, results, sp)
+        write_line(out, number, inputs, results, entries, args.nbest, plots)
 
 
-def write_line(out, number, parts, part_results, sp, nbest, plots):
-    """Writes the translation of input line `number` and flushes; draws its attention with
-    --plot_attention."""
-    entries = nbest_texts(part_results, sp) if parts else []
+def write_line(out, number, inputs, results, entries, nbest, plots):
+    """Writes the translation of input line `number` (its n-best entries) and flushes; draws the
+    attention of its model inputs with --plot_attention."""
     out.write("".join(line + "\n" for line in output_lines(number, entries, nbest)))
     out.flush()
-    if plots and parts:
-        plots.write(number, parts, part_results)
+    if plots and inputs:
+        plots.write(number, inputs, results)
 
 
 def main(argv=None):
@@ -219,14 +228,17 @@ def main(argv=None):
         lines = read_input(args.input) if args.input else args.sentences
     if args.engine == "ctranslate2":
         translator = ctranslate2_translator(args.model, hp, args.nbest)
-        sp = translator.sp
+        sp, recorded = translator.sp, vars(hp)  # the export's settings keep the languages
     else:
         trained = TrainedModel(hp, hp.ckpt)
-        sp = trained.sentencepiece()
+        sp, recorded = trained.sentencepiece(), trained.manifest
         translator = Translator(trained, args.nbest, bool(args.plot_attention),
                                 scoring=bool(args.score))
     plots = attention_plots(args.plot_attention, sp, hp.d_model) if args.plot_attention else None
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
+    # each sentence of a line translated alone, unless --no_split
+    split = None if args.no_split else functools.partial(
+        paragraphs.split, lang=datadir.languages(recorded)[0])
     with contextlib.ExitStack() as stack:
         stack.callback(translator.close)
         # --output FILE is written beside FILE and renamed into place at the end: an interruption
@@ -236,10 +248,10 @@ def main(argv=None):
         if args.score:
             score_all(translator, lines, references, sp, out)
         elif args.input or args.sentences:
-            translate_all(translator, lines, sp, limit, args, plots, out, "line" if args.input
-                          else "sentence")
+            translate_all(translator, lines, sp, limit, split, args, plots, out,
+                          "line" if args.input else "sentence")
         else:
-            translate_stream(translator, sp, limit, args, plots, out)
+            translate_stream(translator, sp, limit, split, args, plots, out)
     return 0
 
 

@@ -146,9 +146,10 @@ def translate_py_speed(decoding_flags, sentences):
     trained = TrainedModel(hp, hp.ckpt)
     sp, translator = trained.sentencepiece(), Translator(trained)
     for lines in (sentences[:WARM_UP], sentences[:2 * WARM_UP]):  # the first runs of new shapes are slow
-        translate.translate_all(translator, lines, sp, hp.maxlen1 - 1, args, None, io.StringIO(), "line")
+        translate.translate_all(translator, lines, sp, hp.maxlen1 - 1, None, args, None, io.StringIO(), "line")
     start = time.monotonic()
-    translate.translate_all(translator, sentences, sp, hp.maxlen1 - 1, args, None, io.StringIO(), "line")
+    translate.translate_all(translator, sentences, sp, hp.maxlen1 - 1, None, args, None, io.StringIO(),
+                            "line")
     elapsed = time.monotonic() - start
     translator.close()
     return {"sentences": len(sentences), "sentences_per_s": round(len(sentences) / elapsed, 2)}

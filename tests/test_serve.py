@@ -37,7 +37,8 @@ LONG = "Heute ist der erste Mai. Die Zahl ist sechshundertneunundneunzig. Er zä
 SENTENCES = [SENTENCE, "Die Zahl ist sechshundertneunundneunzig.", "", LONG, "der neunte September"]
 CHAR_LIMIT, MAX_SENTENCES = 300, 12
 FLAGS = ["--beam_size", "4"]
-#: The API tests' server translates a line whole, as translate.py does; the default splits it.
+#: The API tests' server translates a line whole, as translate.py --no_split does beside it (translate_py); the
+#: default splits it into sentences.
 SERVE_FLAGS = FLAGS + ["--no_split"]
 
 
@@ -87,7 +88,7 @@ def post(server, path, fields, key=KEY):
 def translate_py(directory, logdir, data_dir, sentences, *flags):
     """translate.py's output lines for sentences (through --output, in directory)."""
     output = os.path.join(directory, "translations.txt")
-    assert translate.main(["--logdir", logdir, "--data_dir", data_dir, *FLAGS, *flags, "--output", output,
+    assert translate.main(["--logdir", logdir, "--data_dir", data_dir, *SERVE_FLAGS, *flags, "--output", output,
                            *sentences]) == 0
     with open(output, encoding="utf-8") as lines:
         return lines.read().splitlines()

@@ -52,7 +52,7 @@ def test_pipe_translates_each_line_as_it_comes(model, capsys):
     logdir, data_dir = model
     per_part = sentences_per_part(data_dir)
     long_line = " ".join([SENTENCE] * (2 * per_part + 1))  # cut after sentence ends into parts of per_part, 1
-    process = subprocess.Popen(command(logdir), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command(logdir, "--no_split"), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
@@ -66,7 +66,8 @@ def test_pipe_translates_each_line_as_it_comes(model, capsys):
     stderr = process.stderr.read().decode("utf-8")
     assert lines.empty()
 
-    expected, _ = run_main(capsys, "--logdir", logdir, SENTENCE, OTHER, " ".join([SENTENCE] * per_part))
+    expected, _ = run_main(capsys, "--logdir", logdir, "--no_split", SENTENCE, OTHER,
+                           " ".join([SENTENCE] * per_part))
     assert outputs[0] == expected[0] and outputs[1] == "" and outputs[3] == expected[1]
     assert outputs[2] == " ".join([expected[2], expected[2], expected[0]])
     assert "line 2 is empty; printed an empty line" in stderr
@@ -88,6 +89,32 @@ def test_arguments_keep_order_and_beam_nbest_is_sorted(model, capsys):
     for number in ("0", "2"):
         scores = [float(f[2]) for f in fields if f[0] == number]
         assert 1 <= len(scores) <= 3 and scores == sorted(scores, reverse=True)
+
+
+def test_a_three_sentence_paragraph_comes_back_as_three_translated_sentences_with_its_spacing(
+        model, capsys, tmp_path):
+    logdir, _ = model
+    three = ["Heute ist der erste Mai.", "Die Zahl ist elf.", "Er zählt bis drei."]
+    alone, _ = run_main(capsys, "--logdir", logdir, *three)
+    assert len(set(alone)) == 3 and all(alone)
+    paragraph, expected = " %s  %s\t%s " % tuple(three), " %s  %s\t%s " % tuple(alone)
+    assert run_main(capsys, "--logdir", logdir, paragraph)[0] == [expected]
+    source = tmp_path / "paragraphs.txt"
+    source.write_text("%s\n%s\n" % (paragraph, three[1]), encoding="utf-8")
+    assert run_main(capsys, "--logdir", logdir, "--input", str(source))[0] == [expected, alone[1]]
+    piped = subprocess.run(command(logdir), cwd=ROOT, input=source.read_bytes(), capture_output=True, check=True)
+    assert piped.stdout.decode("utf-8").split("\n") == [expected, alone[1], ""]
+    # a line break inside an argument is a space: one line in, one out
+    assert run_main(capsys, "--logdir", logdir, "%s\n%s" % tuple(three[:2]))[0] == [" ".join(alone[:2])]
+    # the n-best entry of a paragraph: its sentences' best, with the sum of their scores
+    best = [run_main(capsys, "--logdir", logdir, "--beam_size", "2", "--nbest", "2", sentence)[0][0]
+            for sentence in three]
+    first = run_main(capsys, "--logdir", logdir, "--beam_size", "2", "--nbest", "2", paragraph)[0][0]
+    assert first.split(" ||| ")[1] == " %s  %s\t%s " % tuple(line.split(" ||| ")[1] for line in best)
+    assert abs(float(first.split(" ||| ")[2]) - sum(float(line.split(" ||| ")[2]) for line in best)) < 3e-4
+    # --no_split decodes the paragraph as one sequence, as before
+    whole, _ = run_main(capsys, "--logdir", logdir, "--no_split", paragraph)
+    assert len(whole) == 1 and whole != [expected] and "\t" not in whole[0]
 
 
 def test_input_file_with_crlf_and_no_final_newline(model, capsys, tmp_path):

@@ -224,6 +224,16 @@ def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
     return manifest
 
 
+#: The languages of a data dir built without --src_lang / --tgt_lang, or before they were recorded.
+DEFAULT_LANGUAGES = {"src_lang": "de", "tgt_lang": "en"}
+
+
+def languages(recorded):
+    """(source, target): the language codes of a manifest, or of an export's settings, that
+    recorded them (a dict); DEFAULT_LANGUAGES' where it did not."""
+    return tuple(recorded.get(key, default) for key, default in DEFAULT_LANGUAGES.items())
+
+
 #: The types of a manifest's values (the names of its files are check_names's), and of a split's.
 MANIFEST_SCHEMA = {"format": int, "dataset": str, "src_lang": str, "tgt_lang": str,
                    "vocab_size": int, "ids_dtype": str, "splits": dict, "options": dict,

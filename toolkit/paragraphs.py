@@ -1,16 +1,16 @@
 """A paragraph split into its sentences, for a model trained on single sentences (which drops or
 merges sentences of a paragraph decoded whole): spaCy's rule-based sentencizer on a blank pipeline
 of the language, so no statistical model is downloaded, and every sentence keeps its character
-offsets, so that the text between sentences (spaces, tabs) is kept exactly as written."""
+offsets, so that the text between sentences (spaces, tabs) is kept exactly as written. spaCy is
+imported when the first text is split: a tool's start and its errors do not wait for it."""
 import functools
-
-import spacy
 
 
 @functools.lru_cache(maxsize=None)
 def sentencizer(lang):
     """A blank spaCy pipeline of lang (of no language, "xx", when spaCy has none) with the
     rule-based sentencizer."""
+    import spacy
     try:
         nlp = spacy.blank(lang)
     except (ImportError, KeyError, ValueError):  # spaCy's error for an unknown language code

@@ -1,10 +1,12 @@
 """Raw text lines into the model's inputs, and its outputs back into lines: reading an input file,
-cleaning and segmenting a line, splitting one longer than the model was trained on into parts that
-fit, and joining the parts' translations (their n-best entries) into the line's."""
+splitting a line into its sentences (unless kept whole), cleaning and segmenting each, splitting one
+longer than the model was trained on into parts that fit, and joining the parts' translations (their
+n-best entries) into the sentence's, the sentences' into the line's with the text between them."""
 import sys
 
 import decoding
 from data_load import run_in_length_batches
+from toolkit.documents import Document, document_entries
 from toolkit.errors import UserError
 from toolkit.ids import EOS_ID, UNK_ID
 from toolkit.textfiles import clean_line, decode_lines
@@ -138,21 +140,55 @@ def report(where, number, notes):
         print("%s %d %s" % (where, number, note), file=sys.stderr, flush=True)
 
 
-def translated_lines(translator, lines, sp, limit, where):
-    """Translates a list of lines in batches; yields each line's parts and their results
-    (Translator.run), in order. Notes about the lines go to stderr, `where` naming them."""
-    prepared = [prepare(text, sp, limit) for text in lines]
-    for number, (_, notes) in enumerate(prepared, 1):
+def prepare_line(text, sp, limit, split=None):
+    """A raw line -> (document, segment_parts, notes): the line as a Document of one text segment,
+    or with split (toolkit.paragraphs.split of the source language) of its sentences and the text
+    between them; prepare()'s parts of each segment; and the notes about the line. A line with
+    nothing to translate (empty, or not valid UTF-8) is (None, [], notes). Line breaks inside
+    the line (a sentence given as an argument may have them) are read as spaces: one line in, one
+    out."""
+    if text is None:
+        return None, [], prepare(text, sp, limit)[1]
+    document = Document(" ".join(text.splitlines()), "text", split)
+    prepared = [prepare(segment, sp, limit) for segment in document.segments]
+    if not any(parts for parts, _ in prepared):
+        return None, [], prepare("", sp, limit)[1]
+    return (document, [parts for parts, _ in prepared],
+            [note for parts, notes in prepared if parts for note in notes])
+
+
+def translation_entries(document, segment_parts, results, sp):
+    """The n-best entries [(text, score)] of a document (a line: prepare_line) from the results of
+    its segments' parts, in order: every segment's entries (nbest_texts; "" for a segment with
+    nothing to translate, or whose every entry beam search left unfilled) put back into the
+    document (documents.document_entries). [] for no document."""
+    if document is None:
+        return []
+    results, segment_entries = iter(results), []
+    for parts in segment_parts:
+        part_results = [next(results) for _ in parts]
+        segment_entries.append((nbest_texts(part_results, sp) if parts else []) or [("", 0.0)])
+    return document_entries(document, segment_entries)
+
+
+def translated_lines(translator, lines, sp, limit, where, split=None):
+    """Translates a list of lines in batches (prepare_line); yields each line's model inputs and
+    their results (Translator.run), and its n-best entries, in order. Notes about the lines go to
+    stderr, `where` naming them."""
+    prepared = [prepare_line(text, sp, limit, split) for text in lines]
+    for number, (_, _, notes) in enumerate(prepared, 1):
         report(where, number, notes)
-    sources = [source for parts, _ in prepared for source in parts]
+    sources = [source for _, segments, _ in prepared for parts in segments for source in parts]
     results = iter(run_in_length_batches(translator.run, sources, translator.batch_size,
                                          progress=True))
-    for parts, _ in prepared:
-        yield parts, [next(results) for _ in parts]
+    for document, segments, _ in prepared:
+        inputs = [source for parts in segments for source in parts]
+        line_results = [next(results) for _ in inputs]
+        yield inputs, line_results, translation_entries(document, segments, line_results, sp)
 
 
 def best_translations(translator, lines, sp, limit, where):
-    """The best translation of each of a list of lines, in order ("" for an empty line)."""
-    return [output_lines(number, nbest_texts(part_results, sp) if parts else [], 1)[0]
-            for number, (parts, part_results)
+    """The best translation of each of a list of lines, each translated whole, in order ("" for an
+    empty line)."""
+    return [output_lines(number, entries, 1)[0] for number, (_, _, entries)
             in enumerate(translated_lines(translator, lines, sp, limit, where), 1)]

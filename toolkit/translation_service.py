@@ -6,12 +6,12 @@ import hmac
 import os
 
 from toolkit.batcher import ApiError, Batcher
-from toolkit import paragraphs
-from toolkit.documents import Document, document_entries
+from toolkit import datadir, paragraphs
+from toolkit.documents import Document
 from toolkit.front_door import whole_number
 from toolkit.ids import PAD_ID
 from toolkit.language_detection import candidates, language_name, warm_up
-from toolkit.sentences import nbest_texts, prepare
+from toolkit.sentences import prepare, translation_entries
 from toolkit.trained_model import TrainedModel
 from toolkit.translator import Translator, ctranslate2_translator
 
@@ -21,10 +21,9 @@ class Service:
     limits."""
 
     def __init__(self, hp, args):
-        translator, self.sp, languages = open_translator(hp, args.engine, args.model)
+        translator, self.sp, recorded = open_translator(hp, args.engine, args.model)
         # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
-        self.source_lang, self.target_lang = languages.get("src_lang",
-                                                           "de"), languages.get("tgt_lang", "en")
+        self.source_lang, self.target_lang = datadir.languages(recorded)
         self.engine = args.engine
         # each sentence of a paragraph translated alone, unless --no_split
         self.split = None if args.no_split else functools.partial(paragraphs.split,
@@ -171,16 +170,11 @@ def read_results(documents, parts, results, sp):
     attention)."""
     results, entries, maps = iter(results), [], []
     for document, segments in zip(documents, parts):
-        segment_entries = []
-        for sources in segments:
-            part_results = [next(results) for _ in sources]
-            # an empty line, like a line whose every entry beam search left unfilled, translates as
-            # ""
-            segment_entries.append((nbest_texts(part_results, sp) if sources else [])
-                                   or [("", 0.0)])
-            maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
-                     in zip(sources, part_results) if weights is not None]
-        entries.append(document_entries(document, segment_entries))
+        sources = [source for segment in segments for source in segment]
+        document_results = [next(results) for _ in sources]
+        entries.append(translation_entries(document, segments, document_results, sp))
+        maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
+                 in zip(sources, document_results) if weights is not None]
     return entries, maps
 
 
