@@ -81,3 +81,65 @@ def test_test_py_never_writes_its_hypotheses_over_its_source(model, tmp_path, ca
     assert line == ("error: %s (written in --testdir) is the file given as --src %s: it would be "
                     "replaced by the output; pass another --testdir" % (source, source))
     assert snapshot(logdir, data_dir, tmp_path) == before
+
+
+@pytest.mark.parametrize("tool, flag", [("translate.py", "--plot_attention"), ("plot_attention.py", "--dir")])
+def test_attention_plots_never_go_among_or_over_what_they_read(model, tmp_path, capsys, monkeypatch,  # noqa: F811
+                                                               tool, flag):
+    logdir, data_dir = model
+    monkeypatch.chdir(tmp_path)
+    source, plots = tmp_path / "source.txt", tmp_path / "plots"
+    source.write_text("eins\n")
+    plots.mkdir()
+    before = snapshot(logdir, data_dir, tmp_path)
+    inputs = ["--input", source] if tool == "translate.py" else ["eins"]
+
+    def refusal(directory):
+        return one_line(capsys, tool, "--logdir", logdir, flag, directory, *inputs)
+
+    assert refusal(spell(data_dir, "relative", tmp_path)) == (
+        "error: %s %s is the data dir %s: the outputs would go among the files it reads; pass another %s"
+        % (flag, os.path.relpath(data_dir), data_dir, flag))
+    assert refusal(spell(logdir, "symlink", tmp_path)).startswith(
+        "error: %s %s is the logdir %s:" % (flag, tmp_path / "symlink-run", logdir))
+    os.link(logdir / "hparams.json", plots / "positional_encoding.png")
+    assert refusal(plots) == ("error: %s %s: its positional_encoding.png is hparams.json, a file of the logdir %s: "
+                              "it would be replaced by the output; pass another %s" % (flag, plots, logdir, flag))
+    if tool == "translate.py":
+        os.unlink(plots / "positional_encoding.png")
+        (plots / "0001.png").symlink_to(source)
+        assert refusal(plots) == ("error: --plot_attention %s: its 0001.png is the file given as --input %s: it would "
+                                  "be replaced by the output; pass another --plot_attention" % (plots, source))
+    assert snapshot(logdir, data_dir, source.parent) == before | snapshot(plots)
+
+
+def test_export_never_writes_over_what_it_reads(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    package = tmp_path / "de_en.argosmodel"
+    package.symlink_to(logdir / "hparams.json")
+    before = snapshot(logdir, data_dir)
+    assert one_line(capsys, "export.py", "--logdir", logdir, "--export_dir", data_dir) == (
+        "error: --export_dir %s already exists and is not empty: remove it or choose another" % data_dir)
+    assert one_line(capsys, "export.py", "--logdir", logdir, "--export_dir", package, "--format", "argos") == (
+        "error: --export_dir %s already exists: remove it or choose another" % package)
+    assert snapshot(logdir, data_dir) == before
+
+
+def test_averaging_replaces_the_names_it_writes_never_the_files_they_link_to(model, capsys):  # noqa: F811
+    import avg_checkpoints
+    from in_process import run_in_process
+    logdir, _ = model
+    newest = tf.train.latest_checkpoint(str(logdir))
+    step = newest.rsplit("-", 1)[1]
+    os.link(newest + ".index", logdir / ("avg_last1-%s.index" % step))
+    (logdir / ("avg_last1-%s.data-00000-of-00001" % step)).symlink_to(newest + ".data-00000-of-00001")
+    for name in ("notes.tempstate.txt", "E01.index.tempstate.bak"):  # a user's, not a killed save's
+        (logdir / name).write_text("mine\n")
+    before = snapshot(logdir)
+    code, _, err = run_in_process(capsys, "avg_checkpoints.py", avg_checkpoints.main, "--logdir", logdir,
+                                  "--last", "1")
+    assert code == 0, err
+    after = snapshot(logdir)
+    assert {path: after[path] for path in before if not path.name.startswith(("avg_", "checkpoint"))} == {
+        path: data for path, data in before.items() if not path.name.startswith(("avg_", "checkpoint"))}
+    assert not (logdir / ("avg_last1-%s.data-00000-of-00001" % step)).is_symlink()

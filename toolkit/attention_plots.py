@@ -4,6 +4,7 @@ DIR and plot_attention.py. The only module of the toolkit that imports matplotli
 with the Agg backend, so no display is needed."""
 import math
 import os
+import re
 
 import matplotlib
 
@@ -13,9 +14,13 @@ import tensorflow as tf  # noqa: E402
 
 from modules import positional_encoding  # noqa: E402
 from toolkit.ids import PAD_ID  # noqa: E402
-from toolkit.outputs import atomic_file  # noqa: E402
+from toolkit.outputs import atomic_file, check_output_dir, check_writable_dir  # noqa: E402
 
 tf1 = tf.compat.v1
+
+#: The names of the PNGs written in DIR (AttentionPlots): positional_encoding.png, NNNN.png for
+#: line NNNN and NNNN-P.png for part P of a split one.
+PLOT_NAME = re.compile(r"positional_encoding\.png|\d{4,}(-\d+)?\.png")
 
 #: Positions drawn in DIR/positional_encoding.png.
 PLOTTED_POSITIONS = 100
@@ -74,6 +79,14 @@ def save(fig, fpath):
     with atomic_file(fpath) as handle:
         fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)
+
+
+def check_plot_dir(directory, flag, inputs, dirs):
+    """Raises UserError unless the PNGs can go in directory (given as --flag): a directory this
+    process can write in, not one of dirs (the logdir and data dir the tool reads), and none of the
+    PNGs it would replace there one of inputs or a file of dirs (outputs.check_output_dir)."""
+    check_writable_dir(directory, flag)
+    check_output_dir(directory, flag, inputs, dirs, PLOT_NAME.fullmatch)
 
 
 class AttentionPlots:

@@ -239,6 +239,10 @@ def is_averaged(ckpt):
 #: them).
 CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 
+#: The name of a file TensorFlow writes a checkpoint file through (renamed into place when
+#: complete): the checkpoint file's name, ".tempstate" and a random number.
+PARTIAL_CHECKPOINT_FILE = re.compile(r".+\.(index|meta|data-\d{5}-of-\d{5})\.tempstate\d+")
+
 
 def checkpoint_state(logdir):
     """The CheckpointState of logdir's index file (LOGDIR/checkpoint), None if logdir has no
@@ -458,10 +462,12 @@ def remove_stale_pins(logdir):
 
 def remove_partial_checkpoints(logdir, prefix=None):
     """Deletes the temporary files of a checkpoint whose writing was killed or failed (TensorFlow's
-    *.tempstate* files and PREFIX_temp directories), the directories of readers killed while pinning
-    a checkpoint, and, given a prefix (LOGDIR/NAME-STEP), every file of that checkpoint."""
+    PARTIAL_CHECKPOINT_FILE names and PREFIX_temp directories), the directories of readers killed
+    while pinning a checkpoint, and, given a prefix (LOGDIR/NAME-STEP), every file of that
+    checkpoint. Other files of the logdir are the user's: kept whatever their names."""
     for path in glob.glob(os.path.join(glob.escape(logdir), "*")):
-        if ".tempstate" in os.path.basename(path) or (prefix and path.startswith(prefix + "_temp")):
+        if PARTIAL_CHECKPOINT_FILE.fullmatch(os.path.basename(path)) or (
+                prefix and path.startswith(prefix + "_temp")):
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
     for path in checkpoint_files(prefix) if prefix else ():
         os.remove(path)

@@ -175,6 +175,24 @@ def check_not_an_input(output, flag, inputs, dirs=None, said=None):
                             f"replaced by the output; pass another --{flag}")
 
 
+def check_output_dir(directory, flag, inputs, dirs, written):
+    """Raises UserError if the output directory ``directory`` (given as --flag) is one of ``dirs``
+    ({what: path}: a logdir or data dir the tool reads), whatever its spelling, or if a file in it
+    with a name the tool writes (``written``: a test of a name) is one of ``inputs`` or a file of
+    ``dirs`` (check_not_an_input): a tool's outputs never go among, or over, what it reads."""
+    for what, read in dirs.items():
+        if read and same_file(directory, read):
+            raise UserError(f"--{flag} {directory} is the {what} {read}: the outputs would go "
+                            f"among the files it reads; pass another --{flag}")
+    try:
+        entries = [entry for entry in os.scandir(directory) if written(entry.name)]
+    except OSError:  # a new directory, or one check_writable_dir reports
+        entries = []
+    for entry in entries:
+        check_not_an_input(entry.path, flag, inputs, dirs,
+                           said=f"--{flag} {directory}: its {entry.name}")
+
+
 def file_of_dir(path, directory):
     """The name of the file of ``directory`` (directly in it) that ``path`` names, through links
     and hard links; None if it names none (or does not exist)."""
