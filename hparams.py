@@ -23,6 +23,9 @@ DECODING_FLAGS = ("logdir", "data_dir", "ckpt", "test_batch_size", "beam_size", 
 MODEL_DEFAULTS = {"d_model": 256, "d_ff": 1024, "num_blocks": 3, "num_heads": 8,
                   "dropout_rate": 0.1, "relu_dropout": 0.0, "norm_type": "post", "smoothing": 0.1,
                   "impl": "fast"}
+#: The file in a logdir that holds the flags of the model trained there (train.py writes it).
+HPARAMS_NAME = "hparams.json"
+
 #: What a tool that reads a trained model says about a flag it does not take.
 TRAINED_FLAGS_HINT = "; the model's shape and training flags come from LOGDIR/hparams.json"
 

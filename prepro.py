@@ -27,16 +27,18 @@ import sys
 import time
 from pathlib import Path
 
+from hparams import HPARAMS_NAME
 from toolkit.corpora import FILE_FLAGS, SPLITS, file_splits, log, reversed_corpus
 from toolkit.corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
 from toolkit.corpora.numbers import numbers_corpus
 from toolkit.databuild import build_data_dir, read_bpe_model
-from toolkit.datadir import DEFAULT_LANGUAGES, MANIFEST_NAME, check_data_dir, check_inputs_kept
+from toolkit.datadir import (DEFAULT_LANGUAGES, MANIFEST_NAME, check_build_owned, check_data_dir,
+                             check_inputs_kept)
 from toolkit.errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line,
                             interrupted_exit_code, report,
                     run_cli)
 from toolkit.ids import SPECIAL_PIECES
-from toolkit.outputs import check_writable_dir
+from toolkit.outputs import check_not_owned, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}
@@ -206,6 +208,8 @@ def main(argv=None):
         bpe_model = read_bpe_model(args.bpe_model) if args.bpe_model else None
         options = build_options(args, bpe_model)
         check_data_dir(data_dir)
+        check_not_owned(data_dir, "data_dir", {HPARAMS_NAME: "a logdir written by train.py"})
+        check_build_owned(data_dir, args.force)
         check_inputs_kept(data_dir, {flag: getattr(args, flag) for flag in FILE_FLAGS.values()})
         # before a download or a build, which a read-only one would waste
         check_writable_dir(data_dir, "data_dir")

@@ -23,7 +23,7 @@ from data_load import eval_order, get_batch
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.datadir import split_paths
 from toolkit.errors import UserError, run_cli
-from toolkit.outputs import atomic_write, check_not_an_input, check_writable_dir
+from toolkit.outputs import atomic_write, check_output_dir, check_writable_dir
 from toolkit.sentences import best_translations, read_pair
 from toolkit.textfiles import read_lines
 from toolkit.trained_model import TrainedModel, read_dirs, trained_hparams
@@ -50,9 +50,9 @@ def parse_args(argv):
     hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
     # before the decode, which a bad --testdir would waste
     check_writable_dir(hp.testdir, "testdir")
-    for path in output_paths(hp):
-        check_not_an_input(path, "testdir", {"src": hp.src, "ref": hp.ref}, read_dirs(hp),
-                           "%s (written in --testdir)" % path)
+    written = {os.path.basename(path) for path in output_paths(hp)}
+    check_output_dir(hp.testdir, "testdir", {"src": hp.src, "ref": hp.ref}, read_dirs(hp),
+                     written.__contains__)
     return hp
 
 

@@ -28,14 +28,15 @@ import tensorflow as tf
 from hparams import Hparams, check_ranges, parse_flags
 from toolkit import distributed
 from toolkit.budget import Budget
-from toolkit.datadir import bpe_model_path, check_vocab, fingerprint, load_manifest, split_paths
+from toolkit.datadir import (MANIFEST_NAME, bpe_model_path, check_vocab, fingerprint, load_manifest,
+                             split_paths)
 from toolkit.early_stop import check_patience, early_stop, nothing_to_do
 from toolkit.errors import DiskFull, UserError, is_disk_full, run_cli
 from toolkit.implementation import resolve_kernels
 from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, load_trained_hparams,
                             logdir_lock, read_best, record_dev_bleu, remove_partial_checkpoints,
                             save_hparams, save_variable_specs, trained_data_dir)
-from toolkit.outputs import atomic_write, check_writable_dir
+from toolkit.outputs import atomic_write, check_not_owned, check_writable_dir
 from toolkit.stop_request import StopNow, StopRequest
 from toolkit.textfiles import read_lines
 from toolkit.train_checkpoints import disk_full, last_good_checkpoint, restore_or_init, save
@@ -186,6 +187,7 @@ def main(argv=None):
     logdir = Hparams(prog="train.py").parser.parse_args(argv).logdir
     chief = distributed.is_chief_task()
     check_writable_dir(logdir, "logdir")
+    check_not_owned(logdir, "logdir", {MANIFEST_NAME: "a data dir written by prepro.py"})
     with contextlib.ExitStack() as lock:
         # first: its hparams.json may be another run's, being written
         if chief and os.path.isdir(logdir):

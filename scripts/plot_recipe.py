@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recipe_table  # noqa: E402
 from toolkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
-from toolkit.outputs import atomic_write  # noqa: E402
+from toolkit.outputs import atomic_file, atomic_write, check_not_an_input, check_writable_file  # noqa: E402
 
 OUTPUT = os.path.join(recipe_table.ROOT, "docs", "recipe_bleu_vs_tokens.png")
 #: The lines that enclose the generated tables in a Markdown file (--update).
@@ -64,7 +64,8 @@ def plot(table, path):
     axes.legend(title="candidate\n(dashed: held,\nnot measured)", fontsize=8, loc="upper left",
                 bbox_to_anchor=(1.01, 1))
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    with atomic_file(path) as handle:
+        figure.savefig(handle, format="png", dpi=100)
     plt.close(figure)
 
 
@@ -131,6 +132,14 @@ def budgets_flag(value):
     return budgets
 
 
+def check_output(args):
+    """Refuses an --output that is not a new or replaceable .png file, or that is --table or --update."""
+    if not args.output.lower().endswith(".png"):
+        raise UserError("--output %s: the plot is a PNG; name a file ending in .png" % args.output)
+    check_writable_file(args.output, "output")
+    check_not_an_input(args.output, "output", {"table": args.table, "update": args.update or ""})
+
+
 def main(argv=None):
     parser = OneLineParser(prog="plot_recipe.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,6 +152,8 @@ def main(argv=None):
                         help="budgets of the prediction table, in millions of real target tokens, comma-separated")
     args = parser.parse_args(argv)
     table = recipe_table.load_table(args.table)
+    if not args.markdown:
+        check_output(args)
     if args.markdown:
         print("\n".join(markdown(table, args.budgets)))
         return 0

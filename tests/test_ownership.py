@@ -7,7 +7,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from test_faults import model, one_line  # noqa: F401 (model: a fixture)
+from test_faults import fresh_train, model, one_line  # noqa: F401 (model: a fixture)
 from toolkit.logdir import record_dev_bleu
 
 
@@ -78,8 +78,12 @@ def test_test_py_never_writes_its_hypotheses_over_its_source(model, tmp_path, ca
     before = snapshot(logdir, data_dir, tmp_path)
     line = one_line(capsys, "test.py", "--logdir", logdir, "--testdir", testdir, "--src", source,
                     "--ref", reference)
-    assert line == ("error: %s (written in --testdir) is the file given as --src %s: it would be "
-                    "replaced by the output; pass another --testdir" % (source, source))
+    assert line == ("error: --testdir %s: its hypotheses.1.txt is the file given as --src %s: it would be "
+                    "replaced by the output; pass another --testdir" % (testdir, source))
+    for directory, what in ((logdir, "logdir"), (data_dir, "data dir")):
+        assert one_line(capsys, "test.py", "--logdir", logdir, "--testdir", directory) == (
+            "error: --testdir %s is the %s %s: the outputs would go among the files it reads; pass another "
+            "--testdir" % (directory, what, directory))
     assert snapshot(logdir, data_dir, tmp_path) == before
 
 
@@ -143,3 +147,26 @@ def test_averaging_replaces_the_names_it_writes_never_the_files_they_link_to(mod
     assert {path: after[path] for path in before if not path.name.startswith(("avg_", "checkpoint"))} == {
         path: data for path, data in before.items() if not path.name.startswith(("avg_", "checkpoint"))}
     assert not (logdir / ("avg_last1-%s.data-00000-of-00001" % step)).is_symlink()
+
+
+def test_a_logdir_and_a_data_dir_never_share_a_directory(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    link = spell(data_dir, "symlink", tmp_path)
+    before = snapshot(logdir, data_dir)
+    assert one_line(capsys, *fresh_train(data_dir, link)) == (
+        "error: --logdir %s is a data dir written by prepro.py (it holds manifest.json): pass another --logdir" % link)
+    numbers = ("prepro.py", "--dataset", "numbers", "--n_train", "300", "--n_eval", "20", "--n_test", "20",
+               "--vocab_size", "100")
+    assert one_line(capsys, *numbers, "--data_dir", logdir, "--force") == (
+        "error: --data_dir %s is a logdir written by train.py (it holds hparams.json): pass another --data_dir"
+        % logdir)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.1").write_text("my corpus\n")
+    (mine / "bpe.model").write_text("my model\n")
+    assert one_line(capsys, *numbers, "--data_dir", mine) == (
+        "error: --data_dir %s holds bpe.model, train.1 but no manifest.json, so prepro.py did not write them and "
+        "will not replace them: move them, or pass another --data_dir (--force if they are a build of prepro.py "
+        "that was stopped)" % mine)
+    assert sorted(os.listdir(mine)) == ["bpe.model", "train.1"] and (mine / "train.1").read_text() == "my corpus\n"
+    assert snapshot(logdir, data_dir) == before

@@ -597,6 +597,22 @@ def test_the_plot_is_a_png_of_the_size_asked_for(tmp_path):
     assert (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")) == (1000, 500)
 
 
+def test_the_plot_never_replaces_its_table_nor_a_file_that_is_no_png(tmp_path):
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(SMALL_AND_BIG))
+    state = tmp_path / "checkpoint"
+    state.write_text("model_checkpoint_path: \"E01-100\"\n")
+    for output, line in ((state, "error: --output %s: the plot is a PNG; name a file ending in .png" % state),
+                         (tmp_path / "table.png", "error: --output %s is the file given as --table %s: it would be "
+                          "replaced by the output; pass another --output" % (tmp_path / "table.png", table))):
+        if output.name == "table.png":
+            output.symlink_to(table)
+        with pytest.raises(UserError) as refusal:
+            plot_recipe.main(["--table", str(table), "--output", str(output)])
+        assert "error: %s" % refusal.value == line
+    assert json.loads(table.read_text()) == SMALL_AND_BIG and state.read_text() == "model_checkpoint_path: \"E01-100\"\n"
+
+
 def test_bench_train_batches_cycles_the_first_batches_so_every_step_after_their_pass_is_timed(small_numbers_dir,
                                                                                               capsys):
     # --batches 1: the first step sees the only shape, so with no warm-up each of the 4 steps after it is timed

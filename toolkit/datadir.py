@@ -131,19 +131,37 @@ def check_data_dir(data_dir):
         raise UserError(f"--data_dir {data_dir} is a file, not a directory")
 
 
+def build_files():
+    """The names of the files a build writes in a data dir."""
+    return [MANIFEST_NAME, BPE_MODEL, BPE_VOCAB] + [name for split in SPLITS for name
+                                                    in split_files(split).values()]
+
+
 def check_inputs_kept(data_dir, inputs):
     """Refuses input files ({flag: path or None}) that a build of ``data_dir`` would replace (a
-    corpus's train.1
-    ... test.2 kept in the data dir itself): an input is never an output."""
-    outputs = [MANIFEST_NAME, BPE_MODEL, BPE_VOCAB] + [name for split in SPLITS for name
-                                                       in split_files(split).values()]
+    corpus's train.1 ... test.2 kept in the data dir itself): an input is never an output."""
     for flag, path in inputs.items():
-        replaced = next((name for name in outputs if path
+        replaced = next((name for name in build_files() if path
                          and same_file(path, Path(data_dir) / name)), None)
         if replaced:
             raise UserError(f"--{flag} {path} is {Path(data_dir) / replaced}, a file that "
                             f"prepro.py writes in --data_dir {data_dir}: move the corpus out of "
                             f"{data_dir}, or pass another --data_dir")
+
+
+def check_build_owned(data_dir, force):
+    """Refuses a data_dir that holds files under the names a build writes but no manifest.json:
+    prepro.py did not write them, and a build would replace them. With ``force`` they are taken
+    for a build stopped while it was being published (publish), and replaced."""
+    if force or (Path(data_dir) / MANIFEST_NAME).exists():
+        return
+    found = [name for name in build_files() if os.path.lexists(Path(data_dir) / name)]
+    if found:
+        raise UserError(f"--data_dir {data_dir} holds {', '.join(found[:3])}"
+                        f"{' and more' if len(found) > 3 else ''} but no {MANIFEST_NAME}, so "
+                        f"prepro.py did not write them and will not replace them: move them, "
+                        f"or pass another --data_dir (--force if they are a build of prepro.py "
+                        f"that was stopped)")
 
 
 #: Prefix of the directory inside --data_dir where a build is written before publish moves it into

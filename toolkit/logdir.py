@@ -33,8 +33,8 @@ import tensorflow as tf
 
 from toolkit import datadir
 from toolkit.errors import UserError
-from hparams import (LEGACY_VALUES, MODEL_FLAGS, RECORDED_TYPES, Hparams, check_ranges, range_error,
-                     type_error)
+from hparams import (HPARAMS_NAME, LEGACY_VALUES, MODEL_FLAGS, RECORDED_TYPES, Hparams,
+                     check_ranges, range_error, type_error)
 from model import SCHEDULE_TOTAL_STEPS
 from toolkit.locks import exclusive_lock, process_description
 from toolkit.outputs import atomic_write
@@ -64,10 +64,6 @@ def logdir_lock(logdir, tool="train.py"):
 
 # ----------------------------------------------------------------------------------------------
 # hparams.json and specs.txt
-
-
-#: The file that holds the hyperparameters of the model trained in a logdir.
-HPARAMS_NAME = "hparams.json"
 
 
 def save_hparams(hp, path):

@@ -193,6 +193,16 @@ def check_output_dir(directory, flag, inputs, dirs, written):
                            said=f"--{flag} {directory}: its {entry.name}")
 
 
+def check_not_owned(directory, flag, owners):
+    """Raises UserError if the output directory ``directory`` (given as --flag) is one that another
+    tool writes, as the file that marks it shows ({file name: what such a directory is}), whatever
+    the path's spelling: a prepro.py data dir and a train.py logdir never share a directory."""
+    for name, what in owners.items():
+        if os.path.isfile(os.path.join(directory, name)):
+            raise UserError(f"--{flag} {directory} is {what} (it holds {name}): pass another "
+                            f"--{flag}")
+
+
 def file_of_dir(path, directory):
     """The name of the file of ``directory`` (directly in it) that ``path`` names, through links
     and hard links; None if it names none (or does not exist)."""
