@@ -49,7 +49,8 @@ from aiohttp import web
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.batcher import ApiError
 from toolkit.errors import UserError, run_cli
-from toolkit.front_door import check_flags, connection_logger, read_fields, shown
+from toolkit.front_door import (ApiRunner, check_flags, connection_logger, expect_handler,
+                                read_fields, shown)
 from toolkit.trained_model import decoding_flags, trained_hparams
 from toolkit.ctranslate2_engine import exported_hparams
 from toolkit.drop_in import (TranslatedFiles, cors_headers, cors_origins, frontend_settings,
@@ -221,6 +222,16 @@ async def log_and_errors(request, handler):
     return response
 
 
+#: The API's routes: (method, path, handler, name).
+ROUTES = (("POST", "/translate", translate_handler, None),
+          ("POST", "/translate_file", translate_file_handler, None),
+          ("GET", "/download_file/{key}", download_handler, "download"),
+          ("GET", "/frontend/settings", settings_handler, None),
+          ("POST", "/detect", detect_handler, None),
+          ("GET", "/languages", languages_handler, None),
+          ("GET", "/", page_handler, None))
+
+
 def build_app(service):
     # a body may hold --char_limit characters, each up to 6 bytes as a JSON escape, and the other
     # fields
@@ -228,20 +239,16 @@ def build_app(service):
                           + 65536)
     app["service"], app["files"] = service, TranslatedFiles()
     app["cors_origins"] = cors_origins(service.args.cors_origins)
-    app.router.add_post("/translate", translate_handler)
-    app.router.add_post("/translate_file", translate_file_handler)
-    app.router.add_get("/download_file/{key}", download_handler, name="download")
-    app.router.add_get("/frontend/settings", settings_handler)
-    app.router.add_post("/detect", detect_handler)
-    app.router.add_route("GET", "/languages", languages_handler)
-    app.router.add_get("/", page_handler)
+    for method, path, handler, name in ROUTES:
+        add = app.router.add_get if method == "GET" else app.router.add_post  # GET answers HEAD
+        add(path, handler, name=name, expect_handler=expect_handler)
     return app
 
 
 async def serve(service, args):
     """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already in, and
     returns."""
-    runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5,
+    runner = ApiRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5,
                            logger=connection_logger())
     await runner.setup()
     try:

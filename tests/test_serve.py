@@ -373,6 +373,58 @@ def test_malformed_requests_are_4xx_with_the_reason_and_no_traceback(server, cas
     assert "Traceback" not in server.stderr()
 
 
+def head(*lines):
+    """The start of a request: its request line and header lines, then the blank line."""
+    return b"".join(line + b"\r\n" for line in lines) + b"\r\n"
+
+
+START = b"POST /translate HTTP/1.1", b"Host: x", b"Content-Type: application/json"
+#: Requests that aiohttp's parser, or its body reader, refuses before any handler of ours runs.
+MALFORMED_HTTP = {
+    "an unknown method": (head(b"FOO /translate HTTP/1.1", b"Host: x"), 400, "Invalid method"),
+    "a request line of bytes": (head(b"\x00\xff\xfe garbage"), 400, "Invalid method"),
+    "a chunk size that is no number": (head(*START, b"Transfer-Encoding: chunked") + b"zz\r\n{}\r\n0\r\n\r\n",
+                                       400, "chunk size"),
+    "a body longer than its Content-Length": (head(*START, b"Content-Length: 2", b"Connection: close")
+                                              + fields_json(), 400, "Invalid request"),
+    "a negative Content-Length": (head(*START, b"Content-Length: -5"), 400, "Content-Length"),
+    "a Content-Length that is no number": (head(*START, b"Content-Length: abc"), 400, "Content-Length"),
+    "Content-Length and chunked both": (head(*START, b"Content-Length: 2", b"Transfer-Encoding: chunked")
+                                        + b"{}", 400, "Transfer-Encoding"),
+    "a header of 100 KB": (head(*START, b"X-Big: " + b"a" * 100000), 400, "more than"),
+    "2,000 headers": (head(*START, *(b"X-%d: 1" % k for k in range(2000))), 400, "headers"),
+    "a folded header": (head(*START, b"X-Old: a", b"  folded"), 400, "whitespace"),
+    "an expectation other than 100-continue": (
+        head(*START, b"Expect: 999-bogus", b"Content-Length: 2", b"Connection: close") + b"{}", 417,
+        "Expect '999-bogus' is not supported"),
+    "gzip that is not": (head(*START, b"Content-Encoding: gzip", b"Content-Length: %d" % len(fields_json()),
+                              b"Connection: close") + fields_json(), 400, "the body cannot be read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_HTTP))
+def test_requests_the_http_parser_refuses_are_4xx_with_a_json_error(server, case):
+    raw, status, message = MALFORMED_HTTP[case]
+    answer_status, answer = send(server, raw)
+    assert answer_status == status and message in json.loads(answer)["error"], (answer, server.stderr()[-3000:])
+    assert "Traceback" not in server.stderr()
+    assert post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"})[0] == 200
+
+
+def test_expect_100_continue_is_answered_and_the_request_translated(server, nbest):
+    body = fields_json()
+    with socket.create_connection((server.host, server.port), timeout=30) as connection:
+        connection.sendall(head(*START, b"Expect: 100-continue", b"Content-Length: %d" % len(body),
+                                b"Connection: close"))
+        assert connection.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        connection.sendall(body)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["translatedText"] == nbest[0][0]
+
+
 def test_html_with_a_marked_section_keeps_it_and_translates_around_it(server):
     status, answer = post(server, "translate", {"q": "<![foo[bar]]><p>eins</p>", "source": "de",
                                                 "target": "en", "format": "html"})

@@ -11,7 +11,8 @@ import re
 import sys
 import urllib.parse
 
-from aiohttp import web
+import aiohttp
+from aiohttp import web, web_protocol, web_server
 
 from toolkit.batcher import ApiError
 from toolkit.errors import UserError
@@ -44,13 +45,30 @@ async def read_fields(request):
     if request.content_type.startswith("multipart/"):
         fields = await multipart_fields(request)
     else:
-        body = decoded(await request.read(), request.charset)
+        body = decoded(await body_bytes(request), request.charset)
         fields = json_fields(body) if request.content_type == "application/json" \
             else form_fields(body)
     fields = {**request.query, **fields}
     for name, value in fields.items():
         check_value(name, value)
     return fields
+
+
+async def body_bytes(request):
+    """The request's body, its Content-Encoding (gzip, deflate, br) undone; a 400 when it cannot
+    be."""
+    try:
+        return await request.read()
+    except web.RequestPayloadError as error:
+        raise ApiError(400, "Invalid request: the body cannot be read (%s): send it as its "
+                            "Content-Encoding says, or without one" % first_line(error)) from None
+
+
+def first_line(error):
+    """The first line of an error's message (an exception or a string), without the "STATUS,
+    message:" that aiohttp's start with."""
+    text = re.sub(r"^\d{3}, message:", "", str(error)).strip()
+    return shorten(text.split("\n")[0].strip().rstrip(":"))
 
 
 def decoded(body, charset):
@@ -91,7 +109,8 @@ async def multipart_fields(request):
         return dict(await request.post())
     except web.HTTPException:
         raise
-    except (ValueError, LookupError, AssertionError, KeyError, TypeError) as error:
+    except (ValueError, LookupError, AssertionError, KeyError, TypeError,
+            web.RequestPayloadError) as error:
         raise ApiError(400, "Invalid request: the multipart body cannot be read (%s): send it with "
                             "its boundary, or send JSON" % error) from None
 
@@ -144,8 +163,8 @@ class OneLine(logging.Formatter):
         line = "serve.py: %s" % record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
-            detail = str(error).strip().splitlines()
-            line += ": %s%s" % (type(error).__name__, ": " + shorten(detail[0]) if detail else "")
+            detail = first_line(error)
+            line += ": %s%s" % (type(error).__name__, ": " + detail if detail else "")
         return line
 
 
@@ -163,3 +182,50 @@ def connection_logger():
         logger.addHandler(handler)
         logger.propagate = False
     return logger
+
+
+class ApiConnection(web_protocol.RequestHandler):
+    """aiohttp's handler of a connection, answering a request it cannot parse (its request line,
+    a header, a chunk, its length) with the API's JSON error instead of aiohttp's plain text."""
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        super().handle_error(request, status, exc, message)  # logs it (OneLine)
+        if status >= 500:
+            text = "internal error" if status == 500 else "the request timed out"
+        else:
+            text = "Invalid request: %s" % first_line(message or exc or status)
+        response = web.json_response({"error": text}, status=status)
+        response.force_close()
+        return response
+
+
+class ApiServer(web_server.Server):
+    """aiohttp's server, making an ApiConnection of each connection."""
+
+    def __call__(self):
+        return ApiConnection(self, loop=self._loop, **self._kwargs)
+
+
+class ApiRunner(web.AppRunner):
+    """web.AppRunner whose connections are ApiConnections: the server aiohttp builds for the
+    application (its router, middlewares and limits), made an ApiServer."""
+
+    async def _make_server(self):
+        server = await super()._make_server()
+        server.__class__ = ApiServer
+        return server
+
+
+async def expect_handler(request):
+    """The answer to an HTTP/1.1 request's Expect header: "100 Continue" to 100-continue, and a 417
+    with the API's JSON error to any other expectation."""
+    if request.version != aiohttp.HttpVersion11:
+        return
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(
+            text=json.dumps({"error": "Invalid request: Expect %s is not supported (only "
+                                      "100-continue)" % shown(expect)}),
+            content_type="application/json")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the answer itself is still to come
