@@ -110,7 +110,7 @@ def build_parser():
         "under a beam of alternatives + 1"))
     group.add_argument("--cors_origins", default="*", help=(
         "origins whose browser pages may call the API (CORS), comma-separated; * (default) allows "
-        "any"))
+        "any, an empty value none (pages of the server's own origin only)"))
     group.add_argument("--api_key", default="",
                        help="if given, /translate and /detect need this api_key field (403 without "
                             "it); the page sends the one in its address, /?api_key=KEY")

@@ -39,7 +39,8 @@ from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, loa
 from toolkit.outputs import atomic_write, check_not_owned, check_writable_dir
 from toolkit.stop_request import StopNow, StopRequest
 from toolkit.textfiles import read_lines
-from toolkit.train_checkpoints import disk_full, last_good_checkpoint, restore_or_init, save
+from toolkit.train_checkpoints import (check_init_fits, disk_full, last_good_checkpoint,
+                                       restore_or_init, save)
 from toolkit.train_flags import (check_init_vocab, check_resume_init, init_model_flags, init_source,
                                  with_config)
 from toolkit.train_graph import build_graph
@@ -193,20 +194,22 @@ def main(argv=None):
         if chief and os.path.isdir(logdir):
             lock.enter_context(logdir_lock(logdir))
         hp, manifest = resolve_hparams(argv)
-        # a new logdir: created once the flags are known to be valid
+        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
+        g = build_graph(hp, manifest, cluster)
+        check_splits(g, hp)
+        check_init_fits(hp)
+        # a new logdir: created once the flags, the data and --init_from's weights are known to be
+        # good
         if chief and not os.path.isdir(logdir):
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
         os.makedirs(hp.logdir, exist_ok=True)
-        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
-        return train(hp, manifest, cluster)
+        return train(hp, manifest, cluster, g)
 
 
-def train(hp, manifest, cluster):
-    """Builds the graph, restores or initializes it, and trains until the budget, a signal or an
-    error ends."""
-    g = build_graph(hp, manifest, cluster)
-    check_splits(g, hp)
+def train(hp, manifest, cluster, g):
+    """Restores or initializes the graph g, and trains until the budget, a signal or an error
+    ends."""
     if cluster.is_chief:
         save_hparams(hp, hp.logdir)
     num_params = save_variable_specs(hp.logdir)

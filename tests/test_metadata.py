@@ -33,6 +33,33 @@ def test_a_damaged_init_from_is_one_line_and_writes_nothing(model, tmp_path, cap
         assert not new.exists()
 
 
+def test_an_init_from_whose_weights_do_not_fit_is_one_line_and_writes_nothing(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    edit_json(logdir / "hparams.json", d_model=48)  # its checkpoints hold d_model 32
+    new = tmp_path / "new"
+    line = one_line(capsys, "train.py", "--data_dir", data_dir, "--logdir", new, "--max_steps", "2",
+                    "--init_from", logdir)  # the model's flags from the source run
+    assert re.fullmatch(r"error: --init_from %s \(.+\) does not fit the model of this run: .+ is \[\d+, 32\] in "
+                        r"the checkpoint but \[\d+, 48\] in the model" % re.escape(str(logdir)), line), line
+    assert not new.exists()
+
+
+def test_a_json_file_with_a_key_given_twice_is_one_line_and_a_byte_order_mark_is_read(model, tmp_path,  # noqa: F811
+                                                                                     capsys):
+    logdir, data_dir = model
+    config, new = tmp_path / "config.json", tmp_path / "new"
+    config.write_text('{"lr": 0.001, "lr": 5}')
+    assert one_line(capsys, *fresh_train(data_dir, new, "--config", config)) == (
+        'error: %s is not valid JSON (the key "lr" is given twice): fix it, or pass another --config' % config)
+    hparams = logdir / "hparams.json"
+    hparams.write_text(hparams.read_text().replace('"d_model": 32', '"d_model": 32, "d_model": 64'))
+    line = one_line(capsys, "translate.py", "--logdir", logdir, "eins")
+    assert line.startswith('error: %s is not valid JSON (the key "d_model" is given twice): ' % hparams), line
+    assert not new.exists()
+    config.write_text("\ufeff" + json.dumps({"lr": 0.002}), encoding="utf-8")
+    assert with_config({}, str(config)) == {"lr": 0.002}
+
+
 def test_an_existing_logdir_does_not_take_another_runs_weights(model, tmp_path, capsys):  # noqa: F811
     logdir, data_dir = model
     other = tmp_path / "other"

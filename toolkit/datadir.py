@@ -35,7 +35,7 @@ from toolkit.ids import SPECIAL_PIECES
 from toolkit.idsfile import ids_dtype, map_file, release_pages
 from toolkit.locks import exclusive_lock
 from toolkit.outputs import same_file, write_json
-from toolkit.textfiles import check_types, iter_lines, read_json
+from toolkit.textfiles import check_types, iter_lines, loads_json, read_json
 import toolkit.staging
 
 #: 2: ids files beside the text (idsfile.py); 1: text only (still read, from the .bpe files).
@@ -71,7 +71,7 @@ def read_manifest(data_dir):
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_json(path.read_text(encoding="utf-8-sig"))
     except (ValueError, OSError) as error:
         raise UserError(f"{path} is unreadable ({error}); pass --force to rebuild "
                         f"{data_dir}") from None

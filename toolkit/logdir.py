@@ -600,14 +600,19 @@ def link_or_copy(source, target):
     os.replace(temporary, target)
 
 
+def check_weights_fit(ckpt, what):
+    """Raises a UserError naming the difference if the weights of ckpt differ in name or shape from
+    the model's (the trainable variables of the default graph); what: where ckpt came from."""
+    with pinned_checkpoint(ckpt) as path:
+        difference = checkpoint_difference(path, tf1.trainable_variables())
+    if difference:
+        raise UserError("%s does not fit the model of this run: %s" % (what, difference))
+
+
 def restore_weights(sess, ckpt, what):
     """Restores the model's weights (the trainable variables: embeddings, encoder and decoder) from
     ckpt and nothing else: global step, optimizer slots and schedule keep their initial values. A
-    checkpoint whose weights differ in name or shape is a UserError naming the difference; what:
-    where ckpt came from, for it."""
-    variables = tf1.trainable_variables()
+    checkpoint whose weights do not fit is a UserError (check_weights_fit)."""
+    check_weights_fit(ckpt, what)
     with pinned_checkpoint(ckpt) as path:
-        difference = checkpoint_difference(path, variables)
-        if difference:
-            raise UserError("%s does not fit the model of this run: %s" % (what, difference))
-        tf1.train.Saver(variables).restore(sess, path)
+        tf1.train.Saver(tf1.trainable_variables()).restore(sess, path)

@@ -85,12 +85,29 @@ def clean_line(line):
     return " ".join(unicodedata.normalize("NFC", line).split())
 
 
+def loads_json(text):
+    """The JSON value of text; an object with a key given twice (which JSON readers settle each
+    their own way, Python's by keeping the last) is a ValueError naming the key."""
+    return json.loads(text, object_pairs_hook=unique_keys)
+
+
+def unique_keys(pairs):
+    """A JSON object's dict, refusing a key given twice."""
+    value = {}
+    for key, item in pairs:
+        if key in value:
+            raise ValueError("the key %s is given twice" % json.dumps(key)[:80])
+        value[key] = item
+    return value
+
+
 def read_json(fpath, remedy):
-    """The JSON value in fpath. A file that is not valid JSON (truncated, edited, empty) is a
-    UserError naming it, what is wrong and `remedy`, what to do about it."""
+    """The JSON value in fpath (UTF-8, a byte-order mark allowed, no key given twice). A file that
+    is not valid JSON (truncated, edited, empty) is a UserError naming it, what is wrong and
+    `remedy`, what to do about it."""
     try:
-        with open(fpath, encoding="utf-8") as f:
-            return json.load(f)
+        with open(fpath, encoding="utf-8-sig") as f:
+            return loads_json(f.read())
     except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
         raise UserError("%s is not valid JSON (%s): %s"
                         % (fpath, str(error).splitlines()[0][:120], remedy)) from None

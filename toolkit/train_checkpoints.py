@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from toolkit import distributed
 from toolkit.errors import DiskFull, UserError, is_disk_full
-from toolkit.logdir import (checkpoint_state, find_checkpoint, is_averaged,
+from toolkit.logdir import (check_weights_fit, checkpoint_state, find_checkpoint, is_averaged,
                             remove_partial_checkpoints, restore, restore_weights)
 from toolkit.train_flags import init_source
 
@@ -36,6 +36,14 @@ def restore_or_init(sess, g, logdir, init_from=""):
     restore(sess, ckpt, logdir, g.saver)
     g.saver.recover_last_checkpoints(trained)
     return ckpt
+
+
+def check_init_fits(hp):
+    """Refuses, before anything is written, a new run's --init_from whose weights do not fit the
+    model just built (a source run's hparams.json edited, or its checkpoint replaced)."""
+    if hp.init_from and not checkpoint_state(hp.logdir):
+        _, source = init_source(hp.init_from)
+        check_weights_fit(source, "--init_from %s (%s)" % (hp.init_from, source))
 
 
 def save(sess, g, hp, epoch, epoch_step, name):
