@@ -30,8 +30,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_writable_dir(args.dir, "dir")
     import translate  # TensorFlow only once the command line is known to be good
+    from toolkit import runtime
     from toolkit.attention_plots import check_plot_dir
     from toolkit.trained_model import read_dirs, trained_hparams
+    runtime.start_graph_mode()  # before anything of TensorFlow's runs
     check_plot_dir(args.dir, "dir", {}, read_dirs(trained_hparams(args.logdir, {})))
     return translate.main(["--logdir", args.logdir, "--plot_attention", args.dir]
                           + (["--ckpt", args.ckpt] if args.ckpt else []) + ["--"] + args.sentences)
