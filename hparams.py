@@ -240,16 +240,26 @@ class _NotGiven:
     command line."""
 
 
+#: The flags of the tools that name a file or directory to read or write: given, they may not be
+#: empty ("" would be the working directory to some calls, no path to others).
+PATH_FLAGS = ("logdir", "data_dir", "testdir", "config", "input", "output", "score",
+              "plot_attention", "model")
+
+
 def parse_flags(parser, argv, intermixed=False):
     """Parses argv with parser (parse_intermixed_args if intermixed). Returns the namespace of every
     flag, and the flags given on the command line (not defaulted) as a dict. --help and unknown or
-    invalid flags are handled by the parser, with the defaults that --help shows."""
+    invalid flags are handled by the parser, with the defaults that --help shows; a PATH_FLAGS flag
+    given empty is a UserError."""
     parse = parser.parse_intermixed_args if intermixed else parser.parse_args
     args = parse(argv)
     # argparse keeps what a namespace has
     unset = argparse.Namespace(**{name: _NotGiven for name in vars(args)})
     given = {name: value for name, value in vars(parse(argv, namespace=unset)).items()
              if value is not _NotGiven}
+    empty = [flag for flag in PATH_FLAGS if given.get(flag) == ""]
+    if empty:
+        raise UserError("--%s is empty: pass a path, or leave the flag out" % empty[0])
     return args, given
 
 
@@ -295,7 +305,10 @@ RANGES = {
     # a session's thread pools: far beyond any machine's cores, and TensorFlow's int32 limit
     "threads": in_range(0, 4097, "from 0 (every core) to 4096"),
     "beam_size": at_least(1), "alpha": at_least(0),
-    "max_len_a": at_least(0), "max_len_b": at_least(1),
+    # a decoding limit of max_len_a * source length + max_len_b steps: far beyond any translation,
+    # and within TensorFlow's float32 and int32
+    "max_len_a": (lambda value: 0 <= value <= 1000, "from 0 to 1000"),
+    "max_len_b": (lambda value: 1 <= value <= 10 ** 6, "from 1 to 1000000"),
      # at least one decoding step, whatever the source length
     "test_batch_size": at_least(1), "nbest": at_least(1),
     # numpy's and TensorFlow's seed range

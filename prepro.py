@@ -202,6 +202,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_flags(parser, args)
+    if args.data_dir == "":
+        parser.error("--data_dir is empty: pass a path, or leave the flag out")
     data_dir = Path(args.data_dir or Path("data") / args.dataset)
     started = time.monotonic()
     try:

@@ -1,10 +1,13 @@
-"""Edges of the command line: a thread count beyond any machine, an empty --logdir and Ctrl-C
-while a tool is still importing TensorFlow are each one line, as every other user error is."""
+"""Edges of the command line: a thread count or a decoding limit beyond any machine, an empty path
+flag, and Ctrl-C or SIGTERM while a tool is still importing TensorFlow are each one line, as every
+other user error is."""
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from test_faults import ROOT, fresh_train, model, one_line  # noqa: F401 (model: a fixture)
 
@@ -21,11 +24,29 @@ def test_an_empty_logdir_names_the_flag(model, capsys):  # noqa: F811
     assert one_line(capsys, *fresh_train(data_dir, "")) == "error: --logdir is empty: pass a directory"
 
 
-def test_ctrl_c_while_tensorflow_imports_is_one_line(tmp_path):
+@pytest.mark.parametrize("tool, flags", [
+    ("translate.py", ["--input", ""]), ("translate.py", ["--output", "", "eins"]),
+    ("translate.py", ["--plot_attention", "", "eins"]), ("test.py", ["--testdir", ""]),
+    ("prepro.py", ["--dataset", "numbers", "--data_dir", ""])])
+def test_a_path_flag_given_empty_names_the_flag(model, capsys, tool, flags):  # noqa: F811
+    logdir, _ = model
+    flag = flags[flags.index("") - 1]
+    line = one_line(capsys, tool, *([] if tool == "prepro.py" else ["--logdir", logdir]), *flags)
+    assert line == "error: %s is empty: pass a path, or leave the flag out" % flag
+
+
+def test_a_decoding_limit_past_any_translation_is_one_line(model, capsys):  # noqa: F811
+    logdir, _ = model
+    assert one_line(capsys, "translate.py", "--logdir", logdir, "--max_len_a", "1e308", "eins") == (
+        "error: --max_len_a 1e+308 is out of range: it must be from 0 to 1000")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_while_tensorflow_imports_is_one_line(tmp_path, signum, code):
     process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--help"], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.5)  # TensorFlow's import takes seconds
     assert process.poll() is None, "the tool started before it was interrupted"
-    os.kill(process.pid, signal.SIGINT)
+    os.kill(process.pid, signum)
     out, err = process.communicate(timeout=120)
-    assert (process.returncode, out, err) == (130, "", "interrupted\n")
+    assert (process.returncode, out, err) == (code, "", "interrupted\n")

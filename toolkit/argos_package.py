@@ -24,7 +24,7 @@ import numpy as np
 
 from toolkit import ctranslate2_engine
 from toolkit.errors import UserError, writing
-from toolkit.outputs import write_json
+from toolkit.outputs import check_writable_file, write_json
 from toolkit.staging import staging_dir
 from toolkit.version import __version__
 
@@ -70,10 +70,7 @@ def check_output(path):
                         "which must end in .argosmodel" % path)
     if os.path.exists(path):
         raise UserError("--export_dir %s already exists: remove it or choose another" % path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise UserError("--export_dir %s: %s is not a directory this process can write in"
-                        % (path, parent))
+    check_writable_file(path, "export_dir")
 
 
 def languages(args, manifest):

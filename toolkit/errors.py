@@ -188,11 +188,11 @@ def _terminate(signum, frame):
 
 
 def interrupted_at_start(signum, frame):
-    """The SIGINT handler of a tool until run_cli runs its main (toolkit.runtime installs it):
-    Ctrl-C while the tool imports TensorFlow is run_cli's one line and exit code 130, not a
-    KeyboardInterrupt's traceback through the imports."""
+    """The SIGINT and SIGTERM handler of a tool until run_cli runs its main (toolkit.runtime
+    installs it): Ctrl-C or SIGTERM while the tool imports TensorFlow is run_cli's one line and exit
+    code 130 or 143, not a KeyboardInterrupt's traceback through the imports or a silent end."""
     print("interrupted", file=sys.stderr)
-    raise SystemExit(128 + signal.SIGINT)
+    raise SystemExit(128 + signum)
 
 
 def end_quietly_on_a_closed_pipe():
@@ -211,7 +211,9 @@ def run_cli(main):
     standard output ends the tool quietly (exit code 141, as a process killed by SIGPIPE); Ctrl-C or
     SIGTERM that main() does not handle itself is one line and exit code 130 or 143."""
     previous = signal.signal(signal.SIGTERM, _terminate)
-    if signal.getsignal(signal.SIGINT) is interrupted_at_start:  # the tool has started
+    if previous is interrupted_at_start:  # the tool has started: restored as the default
+        previous = signal.SIG_DFL
+    if signal.getsignal(signal.SIGINT) is interrupted_at_start:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = main()

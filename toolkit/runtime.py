@@ -145,10 +145,13 @@ def started_as_a_tool():
                                                                                          "scripts"))
 
 
-# Ctrl-C while the tool imports (TensorFlow takes seconds) is one line, as in its main (run_cli);
-# a SIGINT that the shell ignores (a background job) stays ignored
-if started_as_a_tool() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, errors.interrupted_at_start)
+# Ctrl-C or SIGTERM while the tool imports (TensorFlow takes seconds) is one line, as in its main
+# (run_cli); a signal that the shell ignores (SIGINT of a background job) stays ignored
+if started_as_a_tool():
+    for _signum, _default in ((signal.SIGINT, signal.default_int_handler),
+                              (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(_signum) is _default:
+            signal.signal(_signum, errors.interrupted_at_start)
 
 #: CPU flags (as /proc/cpuinfo spells them) that give fast bfloat16 matrix products in oneDNN.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
