@@ -211,8 +211,8 @@ def main(argv=None):
         options = build_options(args, bpe_model)
         check_data_dir(data_dir)
         check_not_owned(data_dir, "data_dir", {HPARAMS_NAME: "a logdir written by train.py"})
-        check_build_owned(data_dir, args.force)
         check_inputs_kept(data_dir, {flag: getattr(args, flag) for flag in FILE_FLAGS.values()})
+        check_build_owned(data_dir)
         # before a download or a build, which a read-only one would waste
         check_writable_dir(data_dir, "data_dir")
         splits, sources, downloads = load_corpus(args, options, data_dir)

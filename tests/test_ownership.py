@@ -164,9 +164,9 @@ def test_a_logdir_and_a_data_dir_never_share_a_directory(model, tmp_path, capsys
     mine.mkdir()
     (mine / "train.1").write_text("my corpus\n")
     (mine / "bpe.model").write_text("my model\n")
-    assert one_line(capsys, *numbers, "--data_dir", mine) == (
-        "error: --data_dir %s holds bpe.model, train.1 but no manifest.json, so prepro.py did not write them and "
-        "will not replace them: move them, or pass another --data_dir (--force if they are a build of prepro.py "
-        "that was stopped)" % mine)
+    for force in ([], ["--force"]):
+        assert one_line(capsys, *numbers, "--data_dir", mine, *force) == (
+            "error: --data_dir %s holds bpe.model, train.1 but no manifest.json, so prepro.py did not write them "
+            "and will not replace them: move them, or pass another --data_dir" % mine)
     assert sorted(os.listdir(mine)) == ["bpe.model", "train.1"] and (mine / "train.1").read_text() == "my corpus\n"
     assert snapshot(logdir, data_dir) == before

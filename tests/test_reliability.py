@@ -642,7 +642,8 @@ BAD_TRAIN_FLAGS = [
     (["--summary_every", "0"], "--summary_every 0 is out of range: it must be at least 1"),
     (["--test_batch_size", "0"], "--test_batch_size 0 is out of range: it must be at least 1"),
     (["--beam_size", "0"], "--beam_size 0 is out of range: it must be at least 1"),
-    (["--max_len_b", "0"], "--max_len_b 0 is out of range: it must be at least 1"),
+    (["--max_len_b", "0"], "--max_len_b 0 is out of range: it must be from 1 to 1000000"),
+    (["--max_len_a", "1001"], "--max_len_a 1001.0 is out of range: it must be from 0 to 1000"),
 ]
 
 

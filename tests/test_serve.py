@@ -234,6 +234,10 @@ def test_translate_file_answers_a_download_url_for_txt_and_html_and_refuses_othe
     answer = requests.post(server.url + "translate_file", files={"file": ("c.pdf", b"%PDF")},
                            data={"source": "de", "target": "en", "api_key": KEY}, timeout=60)
     assert answer.status_code == 400 and ".html, .txt" in answer.json()["error"]
+    answer = requests.post(server.url + "translate_file", files={"file": ("empty.txt", b" \n")},
+                           data={"source": "de", "target": "en", "api_key": KEY}, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"] == (
+        "Invalid request: the file 'empty.txt' is empty: nothing to translate")
 
 
 def preflight(server, origin):
@@ -341,7 +345,8 @@ def fields_json(**extra):
 MALFORMED = {
     "json nested 20,000 deep": (b"application/json", b'{"q": ' + b"[" * 20000 + b"]" * 20000 + b"}",
                                 400, "nested too deep"),
-    "json nested in a field": (b"application/json", fields_json(q=[["x"]]), 400, "'q' must be"),
+    "json nested in a field": (b"application/json", fields_json(q=[["x"]]), 400, "'q' holds a list inside a list"),
+    "an object as q": (b"application/json", fields_json(q={"a": 1}), 400, "'q' holds an object"),
     "alternatives superscript two": (b"application/x-www-form-urlencoded",
                                      "q=eins&source=de&target=en&alternatives=²&api_key="
                                      .encode() + urllib.parse.quote(KEY).encode(),

@@ -26,6 +26,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from toolkit.checksums import sha256_file
@@ -104,11 +105,10 @@ def is_up_to_date(data_dir, options, inputs, force):
     Raises UserError if it holds another build or one of an older format, unless ``force``: then the
     old build stays usable until the new one is complete (see publish).
     """
-    manifest_path = Path(data_dir) / MANIFEST_NAME
     if force:
         return False
     manifest = read_manifest(data_dir)
-    if manifest is None:
+    if manifest is None or manifest == PUBLISHING:  # none, or a build stopped while published
         return False
     if manifest.get("format") != MANIFEST_FORMAT:
         raise UserError(older_format_message(data_dir, manifest))
@@ -120,7 +120,6 @@ def is_up_to_date(data_dir, options, inputs, force):
     missing = [name for name in output_files(manifest) if not (Path(data_dir) / name).is_file()]
     if missing:
         log(f"{data_dir} misses {', '.join(missing)}; rebuilding it")
-        manifest_path.unlink()
         return False
     return True
 
@@ -149,19 +148,18 @@ def check_inputs_kept(data_dir, inputs):
                             f"{data_dir}, or pass another --data_dir")
 
 
-def check_build_owned(data_dir, force):
-    """Refuses a data_dir that holds files under the names a build writes but no manifest.json:
-    prepro.py did not write them, and a build would replace them. With ``force`` they are taken
-    for a build stopped while it was being published (publish), and replaced."""
-    if force or (Path(data_dir) / MANIFEST_NAME).exists():
+def check_build_owned(data_dir):
+    """Refuses a data_dir that holds files under the names a build writes but no manifest.json
+    (prepro.py's, even while it publishes a build): prepro.py did not write them, and a build,
+    --force or not, would replace them."""
+    if os.path.lexists(Path(data_dir) / MANIFEST_NAME):
         return
     found = [name for name in build_files() if os.path.lexists(Path(data_dir) / name)]
     if found:
         raise UserError(f"--data_dir {data_dir} holds {', '.join(found[:3])}"
                         f"{' and more' if len(found) > 3 else ''} but no {MANIFEST_NAME}, so "
                         f"prepro.py did not write them and will not replace them: move them, "
-                        f"or pass another --data_dir (--force if they are a build of prepro.py "
-                        f"that was stopped)")
+                        f"or pass another --data_dir")
 
 
 #: Prefix of the directory inside --data_dir where a build is written before publish moves it into
@@ -182,13 +180,17 @@ def staging_dir(data_dir):
         yield path
 
 
+#: The manifest of a data dir while a build is moved into it: incomplete, and prepro.py's.
+PUBLISHING = {"publishing": True}
+
+
 def publish(staging, data_dir, manifest):
     """Move a complete build from ``staging`` into ``data_dir`` under ``manifest``: the old manifest
-    goes first (from then on the directory counts as incomplete), every file is renamed into place,
-    and the new manifest comes last. A build that fails before this point leaves the old build
-    untouched and usable."""
+    is replaced by PUBLISHING first (from then on the directory counts as incomplete, and as
+    prepro.py's), every file is renamed into place, and the new manifest comes last. A build that
+    fails before this point leaves the old build untouched and usable."""
     write_json(staging / MANIFEST_NAME, manifest)
-    (Path(data_dir) / MANIFEST_NAME).unlink(missing_ok=True)
+    write_json(Path(data_dir) / MANIFEST_NAME, PUBLISHING)
     for path in sorted(staging.iterdir()):
         if path.name != MANIFEST_NAME:
             os.replace(path, Path(data_dir) / path.name)
@@ -233,10 +235,13 @@ def load_manifest(data_dir, trained_data_dir=None, logdir=None, splits=()):
     manifest = read_json(fpath, "it was damaged; rebuild the data dir with `python prepro.py "
                                 "--data_dir %s --force` and the options it was built "
                                 "with" % data_dir)
+    if manifest == PUBLISHING:
+        raise damaged(data_dir, "%s was being built when prepro.py stopped" % data_dir)
     if not isinstance(manifest, dict) or "splits" not in manifest:
         raise UserError("%s is not a manifest written by prepro.py: rebuild the data dir with "
                         "`python prepro.py --data_dir %s --force`" % (fpath, data_dir))
     check_manifest_types(data_dir, fpath, manifest)
+    check_fixed_values(data_dir, fpath, manifest)
     check_names(data_dir, fpath, manifest)
     check_files(data_dir, manifest, splits)
     return manifest
@@ -268,6 +273,21 @@ def check_manifest_types(data_dir, fpath, manifest):
                 "splits.")
     for split, entry in manifest["splits"].items():
         check_types(entry, SPLIT_SCHEMA, fpath, remedy, "splits.%s." % split)
+
+
+def check_fixed_values(data_dir, fpath, manifest):
+    """Refuses a manifest whose values that follow from the build are not what prepro.py writes:
+    the special pieces' ids, fixed for every data dir, and the ids' dtype, fixed by the
+    vocabulary's size (a hand edit would make every tool misread the ids)."""
+    expected = {"special_ids": SPECIAL_PIECES}
+    if "ids_dtype" in manifest:
+        expected["ids_dtype"] = ids_dtype(manifest["vocab_size"]).name
+    for key, value in expected.items():
+        if key in manifest and manifest[key] != value:
+            raise UserError("%s: %s is %s, but prepro.py writes %s for this data dir: rebuild it "
+                            "with `python prepro.py --data_dir %s --force`"
+                            % (fpath, key, json.dumps(manifest[key])[:80], json.dumps(value),
+                               data_dir))
 
 
 def check_names(data_dir, fpath, manifest):
@@ -429,7 +449,11 @@ def check_split(data_dir, manifest, split):
 
 def check_ids_range(data_dir, path, manifest):
     """Every id of an .ids file is below the vocabulary's size."""
-    ids = map_file(path, manifest["ids_dtype"]) if path.stat().st_size else []
+    size, dtype = path.stat().st_size, np.dtype(manifest["ids_dtype"])
+    if size % dtype.itemsize:
+        raise damaged(data_dir, f"{path} holds {size} bytes, not a whole number of "
+                                f"{dtype.name} ids")
+    ids = map_file(path, dtype) if size else []
     for start in range(0, len(ids), RANGE_CHECK_IDS):
         chunk = ids[start:start + RANGE_CHECK_IDS]
         if int(chunk.max()) >= manifest["vocab_size"] or int(chunk.min()) < 0:

@@ -6,6 +6,7 @@ import os
 import uuid
 
 from toolkit.batcher import ApiError
+from toolkit.front_door import shown
 from toolkit.language_detection import language_name
 
 #: The file types /translate_file translates, and the format each is translated as.
@@ -63,6 +64,9 @@ def uploaded_document(fields):
         text = upload.file.read().decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "Invalid request: the file is not UTF-8 text") from None
+    if not text.strip():
+        raise ApiError(400, "Invalid request: the file %s is empty: nothing to translate"
+                       % shown(name))
     return text, FILE_FORMATS[extension], name
 
 

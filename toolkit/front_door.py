@@ -121,8 +121,10 @@ def check_value(name, value):
     items = value if isinstance(value, list) else [value]
     for item in items:
         if isinstance(item, (list, dict)):
-            raise ApiError(400, "Invalid request: %s must be a string, a number or a list of "
-                                "strings" % shown(name))
+            raise ApiError(400, "Invalid request: %s holds %s; the API's fields are strings, "
+                                "numbers or lists of those" % (shown(name), "an object" if
+                                                                isinstance(item, dict) else
+                                                                "a list inside a list"))
         if isinstance(item, str) and not valid_text(item):
             raise ApiError(400, "Invalid request: %s is not valid Unicode text (a "
                                 "lone surrogate?)" % shown(name))

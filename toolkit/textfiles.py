@@ -4,6 +4,7 @@ its values (the one schema check of every JSON file), and the cleaning every inp
 import gzip
 import io
 import json
+import os
 import unicodedata
 import zlib
 
@@ -105,6 +106,8 @@ def read_json(fpath, remedy):
     """The JSON value in fpath (UTF-8, a byte-order mark allowed, no key given twice). A file that
     is not valid JSON (truncated, edited, empty) is a UserError naming it, what is wrong and
     `remedy`, what to do about it."""
+    if os.path.exists(fpath) and not os.path.isfile(fpath):  # a FIFO would block the read
+        raise UserError("%s is not a regular file: %s" % (fpath, remedy))
     try:
         with open(fpath, encoding="utf-8-sig") as f:
             return loads_json(f.read())

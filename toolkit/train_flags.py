@@ -28,8 +28,9 @@ def config_flags(fpath):
         raise UserError("--config %s is a directory: pass a JSON file of flag values, e.g. a run's "
                         "hparams.json" % fpath)
     if not os.path.isfile(fpath):
-        raise UserError("--config %s not found: pass a JSON file of flag values, e.g. a run's "
-                        "hparams.json" % fpath)
+        raise UserError("--config %s %s: pass a JSON file of flag values, e.g. a run's "
+                        "hparams.json" % (fpath, "is not a regular file" if os.path.exists(fpath)
+                                          else "not found"))
     values = read_json(fpath, "fix it, or pass another --config")
     if not isinstance(values, dict):
         raise UserError("--config %s is not a JSON object of flag values ({\"flag\": value, ...})"
