@@ -139,3 +139,28 @@ def test_avg_checkpoints_on_a_truncated_index_is_one_line(model, capsys):  # noq
     assert re.fullmatch(r"error: cannot read checkpoint %s \(.+\): it is damaged; average other "
                         r"checkpoints \(a smaller --last\) or delete it" % re.escape(ckpt), line)
     assert snapshot(logdir) == before
+
+
+def test_a_fifo_for_hparams_json_and_a_damaged_ids_file_are_one_line(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    hparams = logdir / "hparams.json"
+    saved = hparams.read_text()
+    hparams.unlink()
+    os.mkfifo(hparams)  # read, it would block forever
+    line = one_line(capsys, "translate.py", "--logdir", logdir, "eins")
+    assert line.startswith("error: %s is not a regular file: " % hparams), line
+    hparams.unlink()
+    hparams.write_text(saved)
+    manifest = data_dir / MANIFEST_NAME
+    original = manifest.read_text()
+    for key, value in (("ids_dtype", "complex128"), ("special_ids", {"<pad>": 5, "<unk>": 1, "<s>": 2, "</s>": 3})):
+        edit_json(manifest, **{key: value})
+        line = one_line(capsys, *fresh_train(data_dir, tmp_path / "new"))
+        assert line.startswith("error: %s: %s is %s, but prepro.py writes " % (manifest, key, json.dumps(value))), line
+        manifest.write_text(original)
+    ids = data_dir / "train.1.ids"
+    os.truncate(ids, os.path.getsize(ids) - 3)
+    line = one_line(capsys, *fresh_train(data_dir, tmp_path / "new"))
+    assert line.startswith("error: %s holds %d bytes, not a whole number of uint16 ids: the data dir is damaged"
+                           % (ids, os.path.getsize(ids))), line
+    assert not (tmp_path / "new").exists()
