@@ -155,6 +155,15 @@ def translate_py_speed(decoding_flags, sentences):
     return {"sentences": len(sentences), "sentences_per_s": round(len(sentences) / elapsed, 2)}
 
 
+def matmul_reading(decoding_flags):
+    """A 2048x2048 fp32 matmul's GFLOP/s with the sessions' threads, read in this sitting."""
+    import translate
+    from bench_train import matmul_gflops
+    runtime.start_graph_mode()
+    hp, _ = translate.parse_args(decoding_flags)
+    return round(matmul_gflops(runtime.session_config(hp)), 1)
+
+
 def build_parser():
     parser = OneLineParser(prog="bench_serve.py", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -191,8 +200,9 @@ def main(argv=None):
     print("translate.py: %(sentences_per_s).1f sentences/s over %(sentences)d sentences" % reference, flush=True)
     first = next(iter(engines.values()))
     ratio = first["levels"][-1]["sentences_per_s"] / reference["sentences_per_s"]
-    print(json.dumps({"machine": runtime.machine_summary(), "seconds": args.seconds, **first, "engines": engines,
-                      "translate_py": reference, "ratio": round(ratio, 3)}))
+    print(json.dumps({"machine": runtime.machine_summary(), "matmul_gflops_per_s": matmul_reading(flags + ["eins"]),
+                      "seconds": args.seconds, **first, "engines": engines, "translate_py": reference,
+                      "ratio": round(ratio, 3)}))
     return 0
 
 
