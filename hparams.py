@@ -209,7 +209,8 @@ class Hparams:
         group.add_argument("--threads", type=int, default=0,
                            help="threads for each op's kernel (intra-op) and for running "
                                 "independent ops side by side (inter-op); 0 uses every core this "
-                                "process may run on")
+                                "process may run on (with --engine ctranslate2: one thread per "
+                                "batch, its fastest on small machines)")
 
     @staticmethod
     def _add_decoding(group):

@@ -173,6 +173,13 @@ def read_settings(model_dir):
         return json.load(f)
 
 
+#: CTranslate2's threads within one batch when --threads is 0. On small machines its own default
+#: (4) spends more handing each decoding step between threads than it gains on the small batches
+#: that serve.py and a line-by-line translate.py send; a large batch loses little with one thread
+#: (the measurements: docs/log/serving-log.md).
+ONE_BATCH_THREADS = 1
+
+
 class Translator:
     """Translates batches of source ids with a converted model, with the interface of
     translate.Translator.
@@ -185,14 +192,15 @@ class Translator:
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
         """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's
-        batching)."""
+        batching). threads: CTranslate2's threads within a batch; 0 (--threads' default) means
+        ONE_BATCH_THREADS."""
         import ctranslate2
         import sentencepiece as spm
         self.settings, self.nbest, self.batch_size = settings, nbest, batch_size
         self.sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, BPE_MODEL))
         self.eos_id = self.sp.piece_to_id("</s>")
         self.engine = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
-                                             intra_threads=threads)
+                                             intra_threads=threads or ONE_BATCH_THREADS)
 
     def max_steps(self, sources):
         """The decoding limit of a batch: the longest of ceil(a * source length + b)
