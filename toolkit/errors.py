@@ -204,12 +204,19 @@ def end_quietly_on_a_closed_pipe():
     sys.exit(128 + signal.SIGPIPE)
 
 
+#: Whether a tool's main runs under run_cli, which handles Ctrl-C and SIGTERM from then on (a tool
+#: that imports toolkit.runtime late, from its main, must not take them back).
+main_running = False
+
+
 def run_cli(main):
     """Runs main() and exits with its code. Every error the user can fix becomes one line on stderr
     and exit code 2 (error_line): a UserError, and an OSError or TensorFlow file error on a path
     (missing, not a directory, a directory, read-only, no permission, a full disk). A closed
     standard output ends the tool quietly (exit code 141, as a process killed by SIGPIPE); Ctrl-C or
     SIGTERM that main() does not handle itself is one line and exit code 130 or 143."""
+    global main_running
+    main_running = True
     previous = signal.signal(signal.SIGTERM, _terminate)
     if previous is interrupted_at_start:  # the tool has started: restored as the default
         previous = signal.SIG_DFL

@@ -146,8 +146,9 @@ def started_as_a_tool():
 
 
 # Ctrl-C or SIGTERM while the tool imports (TensorFlow takes seconds) is one line, as in its main
-# (run_cli); a signal that the shell ignores (SIGINT of a background job) stays ignored
-if started_as_a_tool():
+# (run_cli); a signal that the shell ignores (SIGINT of a background job) stays ignored, and so do
+# the handlers of a main already running (a tool that imports this module from its main)
+if started_as_a_tool() and not errors.main_running:
     for _signum, _default in ((signal.SIGINT, signal.default_int_handler),
                               (signal.SIGTERM, signal.SIG_DFL)):
         if signal.getsignal(_signum) is _default:
