@@ -39,7 +39,7 @@ from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, loa
 from toolkit.outputs import atomic_write, check_not_owned, check_writable_dir
 from toolkit.stop_request import StopNow, StopRequest
 from toolkit.textfiles import read_lines
-from toolkit.train_checkpoints import (check_init_fits, disk_full, last_good_checkpoint,
+from toolkit.train_checkpoints import (disk_full, init_checkpoint, last_good_checkpoint,
                                        restore_or_init, save)
 from toolkit.train_flags import (check_init_vocab, check_resume_init, init_model_flags, init_source,
                                  with_config)
@@ -197,19 +197,19 @@ def main(argv=None):
         cluster = distributed.make_cluster(hp, runtime.session_config(hp))
         g = build_graph(hp, manifest, cluster)
         check_splits(g, hp)
-        check_init_fits(hp)
+        init_ckpt = init_checkpoint(hp)
         # a new logdir: created once the flags, the data and --init_from's weights are known to be
         # good
         if chief and not os.path.isdir(logdir):
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
         os.makedirs(hp.logdir, exist_ok=True)
-        return train(hp, manifest, cluster, g)
+        return train(hp, manifest, cluster, g, init_ckpt)
 
 
-def train(hp, manifest, cluster, g):
-    """Restores or initializes the graph g, and trains until the budget, a signal or an error
-    ends."""
+def train(hp, manifest, cluster, g, init_ckpt=None):
+    """Restores or initializes the graph g (from init_ckpt's weights, fine-tuning), and trains until
+    the budget, a signal or an error ends."""
     if cluster.is_chief:
         save_hparams(hp, hp.logdir)
     num_params = save_variable_specs(hp.logdir)
@@ -222,7 +222,7 @@ def train(hp, manifest, cluster, g):
         remove_partial_checkpoints(hp.logdir)
     runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
-        last_ckpt = restore_or_init(sess, g, hp.logdir, hp.init_from)
+        last_ckpt = restore_or_init(sess, g, hp.logdir, init_ckpt)
         epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
         step = sess.run(g.step.global_step)
         if last_ckpt:

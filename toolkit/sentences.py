@@ -22,6 +22,11 @@ CUT_RULES = (
 )
 
 
+#: The notes on a line with nothing to translate.
+INVALID_NOTE = "is not valid UTF-8; printed an empty line"
+EMPTY_NOTE = "is empty; printed an empty line"
+
+
 def read_input(fpath, flag="input"):
     """Lines of a UTF-8 file given as --flag ('\\r\\n', a byte-order mark and a missing final
     newline are fine). Invalid UTF-8 is a UserError naming the line."""
@@ -93,10 +98,10 @@ def prepare(text, sp, limit):
     most limit + 1 long ([] for an empty line); notes are the things to tell the user about this
     line."""
     if text is None:
-        return [], ["is not valid UTF-8; printed an empty line"]
+        return [], [INVALID_NOTE]
     pieces = sp.encode(clean_line(text), out_type=str)
     if not pieces:
-        return [], ["is empty; printed an empty line"]
+        return [], [EMPTY_NOTE]
     notes = []
     unknown = sorted({p for p in pieces if sp.piece_to_id(p) == UNK_ID})
     if unknown:
@@ -148,11 +153,11 @@ def prepare_line(text, sp, limit, split=None):
     the line (a sentence given as an argument may have them) are read as spaces: one line in, one
     out."""
     if text is None:
-        return None, [], prepare(text, sp, limit)[1]
+        return None, [], [INVALID_NOTE]
     document = Document(" ".join(text.splitlines()), "text", split)
     prepared = [prepare(segment, sp, limit) for segment in document.segments]
     if not any(parts for parts, _ in prepared):
-        return None, [], prepare("", sp, limit)[1]
+        return None, [], [EMPTY_NOTE]
     return (document, [parts for parts, _ in prepared],
             [note for parts, notes in prepared if parts for note in notes])
 

@@ -14,36 +14,38 @@ from toolkit.train_flags import init_source
 tf1 = tf.compat.v1
 
 
-def restore_or_init(sess, g, logdir, init_from=""):
+def restore_or_init(sess, g, logdir, init_ckpt=None):
     """Restores the newest checkpoint that train.py wrote in logdir (returns its path) or, if logdir
     has none, initializes the variables (returns None). Averaged checkpoints (avg_*, see
     avg_checkpoints.py) are passed over: training goes on from where it stopped, and the Saver never
     rotates them away. A newest checkpoint that is missing or unreadable is a UserError, never a
-    fresh start. Every worker must agree on the checkpoint. Initialized, the weights come from the
-    checkpoint of init_from (--init_from) if given."""
+    fresh start. Every worker must agree on the checkpoint. Initialized, the weights come from
+    init_ckpt (--init_from's checkpoint, init_checkpoint) if given."""
     state = checkpoint_state(logdir)
     trained = [p for p in state.all_model_checkpoint_paths if not is_averaged(p)] if state else []
     ckpt = find_checkpoint(logdir, trained[-1]) if trained else None
     distributed.agree_on_checkpoint(sess, g.step, ckpt)
     if ckpt is None:
         sess.run(g.init)
-        if init_from:
-            _, source = init_source(init_from)
-            restore_weights(sess, source, "--init_from %s (%s)" % (init_from, source))
+        if init_ckpt:
+            restore_weights(sess, init_ckpt, "--init_from's checkpoint %s" % init_ckpt)
             print("weights from %s; optimizer and learning-rate schedule start afresh at step 0"
-                  % source)
+                  % init_ckpt)
         return None
     restore(sess, ckpt, logdir, g.saver)
     g.saver.recover_last_checkpoints(trained)
     return ckpt
 
 
-def check_init_fits(hp):
-    """Refuses, before anything is written, a new run's --init_from whose weights do not fit the
-    model just built (a source run's hparams.json edited, or its checkpoint replaced)."""
-    if hp.init_from and not checkpoint_state(hp.logdir):
-        _, source = init_source(hp.init_from)
-        check_weights_fit(source, "--init_from %s (%s)" % (hp.init_from, source))
+def init_checkpoint(hp):
+    """The checkpoint a new run's --init_from names (None without one, or when the logdir holds a
+    run, which resumes from its own), refused before anything is written if its weights do not fit
+    the model just built (a source run's hparams.json edited, or its checkpoint replaced)."""
+    if not hp.init_from or checkpoint_state(hp.logdir):
+        return None
+    _, source = init_source(hp.init_from)
+    check_weights_fit(source, "--init_from %s (%s)" % (hp.init_from, source))
+    return source
 
 
 def save(sess, g, hp, epoch, epoch_step, name):
