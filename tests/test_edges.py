@@ -41,10 +41,23 @@ def test_a_decoding_limit_past_any_translation_is_one_line(model, capsys):  # no
         "error: --max_len_a 1e+308 is out of range: it must be from 0 to 1000")
 
 
+def as_from_a_terminal():
+    """The signal dispositions of a tool started from an interactive shell, whatever this process
+    inherited (a background job of a non-interactive shell, `nohup ... &`, starts with SIGINT
+    ignored, and so would every process it starts)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_ctrl_c_or_sigterm_while_tensorflow_imports_is_one_line(tmp_path, signum, code):
+def test_ctrl_c_or_sigterm_while_tensorflow_imports_is_one_line(tmp_path, signum, code, onednn):
+    """With oneDNN on, TensorFlow's start-up records come before the line: it is never taken for
+    one's continuation."""
     process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--help"], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn},
+                               preexec_fn=as_from_a_terminal)
     time.sleep(1.5)  # TensorFlow's import takes seconds
     assert process.poll() is None, "the tool started before it was interrupted"
     os.kill(process.pid, signum)
@@ -64,5 +77,6 @@ def test_the_runtime_imported_from_a_running_main_leaves_its_signal_handlers():
             "          signal.getsignal(signal.SIGTERM) is errors._terminate)\n"
             "    return 0\n"
             "errors.run_cli(main)\n" % str(ROOT / "plot_attention.py"))
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          preexec_fn=as_from_a_terminal)
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr

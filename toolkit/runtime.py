@@ -80,22 +80,38 @@ def startup_lines_kept(lines, min_log_level):
     return kept
 
 
+def writes_to_fd_2(stream):
+    """Whether stream (sys.stderr) is a file on file descriptor 2, not a stand-in (pytest's)."""
+    try:
+        return stream.fileno() == 2
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 @contextlib.contextmanager
 def startup_lines_filtered():
     """Standard error (file descriptor 2, which TensorFlow's C++ writes to) goes to a temporary file
-    inside the block; on leaving it, what startup_lines_kept keeps is written to standard error."""
+    inside the block; on leaving it, what startup_lines_kept keeps is written to standard error.
+    Python's own lines (sys.stderr) go straight to standard error meanwhile: a line a signal
+    handler prints while TensorFlow loads is never taken for a record's continuation, and survives
+    an end that skips the filter."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
     except (OSError, ValueError, AttributeError):  # no standard error to filter
         yield
         return
+    python_stderr = sys.stderr
     with tempfile.TemporaryFile() as captured:
+        if writes_to_fd_2(python_stderr):
+            sys.stderr = open(saved, "w", buffering=1, encoding=python_stderr.encoding,
+                              errors=python_stderr.errors, closefd=False)
         os.dup2(captured.fileno(), 2)
         try:
             yield
         finally:
             sys.stderr.flush()
+            sys.stderr = python_stderr
             os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
