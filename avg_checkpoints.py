@@ -1,5 +1,5 @@
-"""Averages the weights of the last N checkpoints of a logdir into a new checkpoint in the same
-logdir.
+"""Averages the weights of the last N checkpoints of a logdir into a new checkpoint
+in the same logdir.
 
     python avg_checkpoints.py --logdir runs/multi30k --last 5 [--output avg_last5]
 
@@ -88,8 +88,8 @@ def select_checkpoints(logdir, last):
 
 
 def check_same_variables(expected, found, expected_ckpt, found_ckpt):
-    """expected, found: {name: (shape, dtype)} of two checkpoints. Different names or shapes are a
-    UserError."""
+    """expected, found: {name: (shape, dtype)} of two checkpoints. Different names or shapes
+    are a UserError."""
     differences = sorted(set(expected) ^ set(found)) + sorted(
         name for name in set(expected) & set(found) if expected[name] != found[name])
     if differences:
@@ -119,8 +119,7 @@ def average(checkpoints):
 
 def write_checkpoint(values, prefix, step):
     """Saves values {name: numpy value} as the checkpoint prefix-step (no .meta, no checkpoint
-    state).
-    Returns its path."""
+    state). Returns its path."""
     with tf.Graph().as_default():
         variables, feeds = {}, {}
         for name, value in values.items():

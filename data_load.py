@@ -15,12 +15,11 @@ ids are the kernel's, shared by every process that maps them). tf.data runs the 
 the training step (prefetch). Two batching modes:
     sentences: batch_size sentences per batch, each side padded to its longest sentence;
     tokens:    length buckets. A pair's bucket is the smallest width W of bucket_widths() that holds
-               its longer
-               side. Pairs sorted by bucket fill batches of exactly batch_size // W pairs (all but
-               the last), W the widest bucket among them, and both sides are padded to W: no batch
-               exceeds the token budget, padding included, and training sees one batch shape per
-               width, since oneDNN builds and keeps kernels for every shape, which costs memory and
-               time.
+               its longer side. Pairs sorted by bucket fill batches of exactly batch_size // W pairs
+               (all but the last), W the widest bucket among them, and both sides are padded to W:
+               no batch exceeds the token budget, padding included, and training sees one batch
+               shape per width, since oneDNN builds and keeps kernels for every shape, which costs
+               memory and time.
 With --bpe_dropout, each training epoch segments the split's pieces anew instead (epoch_pairs,
 bpe_dropout.py), in memory.
 Training batches are shuffled; evaluation batches (sentences mode) hold every line, sorted by source
@@ -46,8 +45,8 @@ from toolkit.textfiles import iter_lines, read_lines  # noqa: F401
 
 
 def load_vocab(vocab_fpath):
-    """Reads a sentencepiece .vocab file (line i: "piece<TAB>score" of id i). Returns token2idx,
-    idx2token."""
+    """Reads a sentencepiece .vocab file (line i: "piece<TAB>score" of id i). Returns
+    token2idx, idx2token."""
     idx2token = [line.split("\t")[0] for line in read_lines(vocab_fpath)]
     token2idx = {token: idx for idx, token in enumerate(idx2token)}
     return token2idx, dict(enumerate(idx2token))
@@ -63,8 +62,8 @@ def ids_layout(lines):
 
 def text_ids(bpe_fpath, token2idx):
     """The ids of a segmented text file (pieces joined by spaces; unknown pieces map to <unk>) in
-    the layout of idsfile.py (ids_layout). Data dirs of manifest format 1 have only these text
-    files."""
+    the layout of idsfile.py (ids_layout). Data dirs of manifest format 1 have only these
+    text files."""
     return ids_layout([[token2idx.get(piece, UNK_ID) for piece in line.split()] for line
                        in iter_lines(bpe_fpath)])
 
@@ -133,14 +132,14 @@ class Pairs:
         return self.offsets1[lines], self.offsets2[lines]
 
 
-#: Lines per chunk when lengths are computed or filtered: no (n,) int64 temporary for a corpus of
-#: millions.
+#: Lines per chunk when lengths are computed or filtered: no (n,) int64 temporary for a
+#: corpus of millions.
 CHUNK_LINES = 1 << 20
 
 
 def sequence_lengths(offsets):
-    """(n,) int32 sequence lengths counting </s> (line length + 1) of (n + 1,) offsets (see
-    idsfile.py)."""
+    """(n,) int32 sequence lengths counting </s> (line length + 1) of (n + 1,) offsets
+    (see idsfile.py)."""
     lengths = np.empty(len(offsets) - 1, np.int32)
     for start in range(0, len(lengths), CHUNK_LINES):
         lengths[start:start + CHUNK_LINES] = np.diff(offsets[start:start + CHUNK_LINES + 1])
@@ -200,8 +199,8 @@ def epoch_pairs(data_dir, manifest, split, maxlen1=None, maxlen2=None, truncate=
     merges = Merges.from_model(bpe_model_path(data_dir, manifest))
 
     # asked for by the epoch's plan and by the count of its batches alike; two are kept, so that the
-    # budget asking for the first epoch's count while a later one trains does not push out the epoch
-    # that trains
+    # budget asking for the first epoch's count while a later one trains does not push out
+    # the epoch that trains
     @functools.lru_cache(maxsize=2)
     def pairs_of(epoch):
         sides = [sampled_side(merges, paths["bpe%d" % side], bpe_dropout, [seed, int(epoch), side])
@@ -275,16 +274,16 @@ def plan_batches(lengths1, lengths2, batch_size, batch_type, rng=None, growth=0.
         raise ValueError("a sentence of %d tokens does not fit in a batch of %d tokens; raise "
                          "--batch_size or lower --maxlen1/--maxlen2" % (longest.max(), batch_size))
     widths = bucket_widths(longest.max(initial=1), growth)
-    # (n,) each pair's bucket, an index into widths, looked up in a table over the lengths (no (n,)
-    # int64 temporary)
+    # (n,) each pair's bucket, an index into widths, looked up in a table over
+    # the lengths (no (n,) int64 temporary)
     bucket = np.searchsorted(widths, np.arange(widths[-1] + 1)).astype(np.int16)[longest]
     del longest
     ties = np.arange(n, dtype=np.int32 if n < 2 ** 31 else np.int64)
     if rng is not None:
         rng.shuffle(ties)  # the permutation rng.permutation(n) gives, without its int64 array
     # one key (bucket, then source length, then target length) in a stable sort: the order of a
-    # lexsort over the three, in a fraction of its time and memory; int32 whenever the key fits in
-    # it
+    # lexsort over the three, in a fraction of its time and memory; int32 whenever the
+    # key fits in it
     max1, max2 = int(lengths1.max(initial=0)) + 1, int(lengths2.max(initial=0)) + 1
     key = bucket[ties].astype(np.int32 if len(widths) * max1 * max2 < 2 ** 31 else np.int64)
     key *= max1
@@ -363,8 +362,8 @@ def make_batch(pairs, index, width=None):
 
 def epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth=0.05):
     """plan_batches for epoch `epoch` of pairs, shuffled with numpy RandomState(seed + epoch) (seed
-    None: in order), so that a resumed run, or a count of what a run trained, replays the same
-    batches."""
+    None: in order), so that a resumed run, or a count of what a run trained, replays
+    the same batches."""
     # numpy's seed range
     rng = np.random.RandomState((seed + epoch) % 2 ** 32) if seed is not None else None
     return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
@@ -387,8 +386,8 @@ def trained_target_tokens(pairs_of, steps, batch_size, batch_type, seed, growth=
 
 
 def generator_fn(pairs_of, batch_size=64, batch_type="sentences", seed=None, growth=0.05):
-    """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays, and
-    num_batches(epoch).
+    """Returns generate(epoch), a generator of padded batches (xs, ys) as numpy arrays,
+    and num_batches(epoch).
 
     pairs_of: epoch -> (Pairs, count over the limits), see epoch_pairs. seed: shuffle with numpy
     RandomState(seed + epoch), so a resumed run replays the same epoch; None keeps the order.

@@ -41,8 +41,8 @@ class DecodingSettings:
 
 
 def length_penalty(length, alpha):
-    """((5 + length) / 6) ^ alpha (Wu et al., 2016, Section 7). length: tensor of any shape; returns
-    float32."""
+    """((5 + length) / 6) ^ alpha (Wu et al., 2016, Section 7). length: tensor of any
+    shape; returns float32."""
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
@@ -78,12 +78,12 @@ def greedy_choice(logits, must_end):
     """The most probable output of each row, or </s> where must_end, and its log-probability: what
     an argmax over decoding_log_probs(logits, must_end) picks, with no (N, V) mask to build or
     select through.
-    logits: (N, V). must_end: (N,) bool. Returns tokens (N,) int32 and their log-probabilities (N,)
-    float32.
+    logits: (N, V). must_end: (N,) bool. Returns tokens (N,) int32 and their
+    log-probabilities (N,) float32.
 
     Only the chosen logit needs normalizing, so log p = logit - logsumexp(logits) replaces a whole
-    log_softmax (which writes N x V values and runs slower than the max, exp and sum it is made
-    of)."""
+    log_softmax (which writes N x V values and runs slower than the max, exp and sum it
+    is made of)."""
     logits = tf.cast(logits, tf.float32)
     # (V,)
     banned = tf.constant(np.where(banned_outputs(logits.shape[-1]), NEG_INF,
@@ -135,8 +135,8 @@ TOP_K_BLOCK = 64
 
 
 def top_k_by_blocks(scores, k, block=TOP_K_BLOCK):
-    """tf.math.top_k(scores, k) (ties: lower index first) in two cheaper stages. scores: (N, M)
-    float.
+    """tf.math.top_k(scores, k) (ties: lower index first) in two cheaper stages. scores:
+    (N, M) float.
 
     The row is cut into blocks of `block` entries (the last one padded with the dtype's lowest
     value); the k blocks with the largest maxima hold the k largest entries (a block left out has k
@@ -184,8 +184,8 @@ def greedy_search(step_fn, state, max_steps, alpha):
     step_fn(tokens (N,), step, state) -> logits (N, V), new state. max_steps: (N,) int32.
     A sentence's last step emits </s> whatever the log-probabilities are (NaN ones would never pick
     it), so the loop never runs past the decoding cache's length.
-    Returns ids (N, T) ending in </s> then 0s, and scores (N,) = sum log p / length_penalty(len,
-    alpha).
+    Returns ids (N, T) ending in </s> then 0s, and scores (N,) =
+    sum log p / length_penalty(len, alpha).
     """
     n_batch = tf.shape(max_steps)[0]
 
@@ -224,8 +224,8 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
     length_penalty) for the K finished slots, the others that do not end in </s> for the K live
     slots (so K = 1 is greedy decoding). A sentence is done when its best finished score beats the
     best score any live hypothesis could still reach, or at max_steps (where only </s> is allowed);
-    whatever the log-probabilities, the loop ends after max(max_steps) steps, within the decoding
-    cache.
+    whatever the log-probabilities, the loop ends after max(max_steps) steps, within
+    the decoding cache.
     Returns ids (N, K, T) and scores (N, K), best first.
     """
     n_batch, K = tf.shape(max_steps)[0], beam_size
@@ -239,8 +239,8 @@ def beam_search(step_fn, state, max_steps, beam_size, alpha):
         return step + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, state, parents
 
     def extend(step, alive_ids, alive_log_probs, finished_ids, finished_scores, logits):
-        """The hypotheses after one step: alive_ids, their log-probs, finished_ids, their scores,
-        parents."""
+        """The hypotheses after one step: alive_ids, their log-probs, finished_ids,
+        their scores, parents."""
         vocab_size = logits.shape[-1]
         log_probs = decoding_log_probs(tf.reshape(logits, [n_batch, K, vocab_size]),
                                        step + 1 >= max_steps)
@@ -290,8 +290,8 @@ def translate(model, xs, settings):
 
     model: model.Transformer. xs: data_load.Sources, x (N, T1). settings: DecodingSettings
     (beam_size 1: greedy).
-    Returns ids (N, T) ending in </s> then 0s, and scores (N,) = log p(ids) / length_penalty(len,
-    alpha).
+    Returns ids (N, T) ending in </s> then 0s, and scores (N,) =
+    log p(ids) / length_penalty(len, alpha).
     """
     if settings.beam_size > 1:
         ids, scores = beams(model, xs, settings)
@@ -302,8 +302,8 @@ def translate(model, xs, settings):
 
 
 def beams(model, xs, settings):
-    """Beam search with settings.beam_size hypotheses per sentence (1 too), each with a row of the
-    cache.
+    """Beam search with settings.beam_size hypotheses per sentence (1 too), each with a row
+    of the cache.
 
     model, xs, settings: as in translate. Returns the finished hypotheses' ids (N, K, T) and scores
     (N, K), best first; a slot that no hypothesis filled scores NEG_INF.
@@ -332,8 +332,8 @@ def nbest(model, xs, settings, n):
 
 
 def _encode(model, xs, settings):
-    """The encoder output (N, T1, d_model), its padding masks (N, T1) and each sentence's step limit
-    (N,)."""
+    """The encoder output (N, T1, d_model), its padding masks (N, T1) and each sentence's
+    step limit (N,)."""
     memory, src_masks = model.encode(xs, training=False)
     return memory, src_masks, max_decoding_steps(xs.x_seqlen, settings.max_len_a,
                                                  settings.max_len_b)

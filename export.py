@@ -11,8 +11,8 @@ token ids (the default) or as a CTranslate2 model directory.
 Signature serving_default:
     input   src_ids  int32 (N, T)    sentencepiece ids of each source sentence followed by </s> (3),
                                      padded with 0
-    output  ids      int32 (N, T')   the translations' ids, each ending in </s> (3) and padded with
-                                     0
+    output  ids      int32 (N, T')   the translations' ids, each ending in </s> (3) and
+                                     padded with 0
             scores   float32 (N,)    log p(ids | src) / ((5 + length) / 6)^alpha
 Beam size, alpha and the length limit (max_len_a * source length + max_len_b) are fixed at export;
 by default they are those of LOGDIR/hparams.json, as for test.py. The data dir's sentencepiece model
@@ -53,26 +53,26 @@ TRAINED_OVERRIDES = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
 
 def build_parser():
     """The command line of export.py."""
-    parser = OneLineParser(prog="export.py", description="Export a trained model as a SavedModel "
-                                                         "(signature serving_default: src_ids -> "
-                                                         "ids, scores) with its sentencepiece "
-                                                         "model among the assets.",
+    parser = OneLineParser(prog="export.py",
+                           description="Export a trained model as a SavedModel (signature "
+                                       "serving_default: src_ids -> ids, scores) with its "
+                                       "sentencepiece model among the assets.",
                            unrecognized_hint=TRAINED_FLAGS_HINT)
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
-    parser.add_argument("--export_dir", required=True, help="where to write the SavedModel; must "
-                                                            "not exist yet")
-    parser.add_argument("--ckpt", default="", help="checkpoint to export; default the latest in "
-                                                   "--logdir; best: the best by dev BLEU "
-                                                   "(LOGDIR/best.json)")
-    parser.add_argument("--data_dir", help="data dir with the model's bpe.model; default the one "
-                                           "in hparams.json")
-    parser.add_argument("--beam_size", type=int, help="beam width, 1 is greedy; default from "
-                                                      "hparams.json")
-    parser.add_argument("--alpha", type=float, help="length penalty ((5+len)/6)^alpha; default "
-                                                    "from hparams.json")
-    parser.add_argument("--max_len_a", type=float, help="decode at most max_len_a * source length "
-                                                        "+ max_len_b steps; default from "
-                                                        "hparams.json")
+    parser.add_argument("--export_dir", required=True,
+                        help="where to write the SavedModel; must not exist yet")
+    parser.add_argument("--ckpt", default="",
+                        help="checkpoint to export; default the latest in --logdir; best: the best "
+                             "by dev BLEU (LOGDIR/best.json)")
+    parser.add_argument("--data_dir",
+                        help="data dir with the model's bpe.model; default the one in hparams.json")
+    parser.add_argument("--beam_size", type=int,
+                        help="beam width, 1 is greedy; default from hparams.json")
+    parser.add_argument("--alpha", type=float,
+                        help="length penalty ((5+len)/6)^alpha; default from hparams.json")
+    parser.add_argument("--max_len_a", type=float,
+                        help="decode at most max_len_a * source length + max_len_b steps; default "
+                             "from hparams.json")
     parser.add_argument("--max_len_b", type=int, help="see --max_len_a; default from hparams.json")
     parser.add_argument("--format", choices=["savedmodel", "ctranslate2", "argos"],
                         default="savedmodel",
@@ -104,8 +104,8 @@ def parse_args(argv):
         return args, hp  # export_dir is a file, which argos_package.check_flags checked
     check_writable_dir(args.export_dir, "export_dir")
     if os.path.exists(args.export_dir) and os.listdir(args.export_dir):
-        raise UserError("--export_dir %s already exists and is not empty: remove it or choose "
-                        "another" % args.export_dir)
+        raise UserError("--export_dir %s already exists and is not empty: remove it "
+                        "or choose another" % args.export_dir)
     return args, hp
 
 
@@ -145,8 +145,8 @@ def save_model(sess, export_dir, inputs, outputs, asset):
 @contextlib.contextmanager
 def export_staging(export_dir):
     """The staging directory of an export, beside export_dir (toolkit.staging.staging_dir: those of
-    killed exports are removed first); a full disk is a line naming export_dir and its free
-    space."""
+    killed exports are removed first); a full disk is a line naming export_dir and its
+    free space."""
     parent = os.path.dirname(os.path.realpath(export_dir))
     os.makedirs(parent, exist_ok=True)
     with writing(export_dir), staging_dir(parent, ".tmp-export-") as tmp:
@@ -155,14 +155,13 @@ def export_staging(export_dir):
 
 def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization, manifest):
     """Writes the checkpoint ckpt as a CTranslate2 model directory, through a temporary directory
-    renamed into place; its settings keep the data dir's languages (manifest), which serve.py
-    names."""
+    renamed into place; its settings keep the data dir's languages (manifest), which
+    serve.py names."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        raise UserError("--format ctranslate2 needs the ctranslate2 package: pip install -r "
-                        "requirements.txt") \
-            from None
+        raise UserError("--format ctranslate2 needs the ctranslate2 package: "
+                        "pip install -r requirements.txt") from None
     settings = {flag: getattr(hp, flag) for flag
                 in ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")}
     settings.update(quantization=quantization, checkpoint=os.path.basename(ckpt),
@@ -196,8 +195,8 @@ def main(argv=None):
     with trained.session() as sess:
         ckpt = trained.ckpt
         save_model(sess, args.export_dir, inputs, outputs, bpe_model)
-    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s \"a "
-          "sentence\""
+    print("exported %s (beam %d, alpha %g) to %s; try: python scripts/serve_example.py %s "
+          "\"a sentence\""
           % (os.path.basename(ckpt), hp.beam_size, hp.alpha, args.export_dir,
              shlex.quote(args.export_dir)))
     return 0

@@ -48,10 +48,9 @@ class Hparams:
     def __init__(self, only=None, prog=None, description=None):
         parser = OneLineParser(
             prog=prog,
-            description=description or ("Transformer NMT (TF1 graph mode on TensorFlow 2). Source "
-                                        "is side 1, target side 2." + (
-                                            " A flag not given keeps its value in "
-                                            "LOGDIR/hparams.json." if only else "")),
+            description=description or (
+                "Transformer NMT (TF1 graph mode on TensorFlow 2). Source is side 1, target side 2."
+                + (" A flag not given keeps its value in LOGDIR/hparams.json." if only else "")),
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
             unrecognized_hint=TRAINED_FLAGS_HINT if only else "")
         self._add_data(_Only(parser.add_argument_group("data"), only))
@@ -88,10 +87,10 @@ class Hparams:
 
     @staticmethod
     def _add_model(group):
-        group.add_argument("--d_model", type=int, default=MODEL_DEFAULTS["d_model"], help="hidden "
-                           "size of every layer")
-        group.add_argument("--d_ff", type=int, default=MODEL_DEFAULTS["d_ff"], help="inner size of "
-                           "the position-wise feed-forward")
+        group.add_argument("--d_model", type=int, default=MODEL_DEFAULTS["d_model"],
+                           help="hidden size of every layer")
+        group.add_argument("--d_ff", type=int, default=MODEL_DEFAULTS["d_ff"],
+                           help="inner size of the position-wise feed-forward")
         group.add_argument("--num_blocks", type=int, default=MODEL_DEFAULTS["num_blocks"],
                            help="encoder blocks (and as many decoder blocks)")
         group.add_argument("--num_heads", type=int, default=MODEL_DEFAULTS["num_heads"],
@@ -99,15 +98,15 @@ class Hparams:
         group.add_argument("--dropout_rate", type=float, default=MODEL_DEFAULTS["dropout_rate"],
                            help="dropout on embeddings and sublayers")
         group.add_argument("--attention_dropout", type=float, default=None,
-                           help="dropout on the attention weights (softmax outputs); default: "
-                                "--dropout_rate")
+                           help="dropout on the attention weights (softmax outputs); "
+                                "default: --dropout_rate")
         group.add_argument("--relu_dropout", type=float, default=MODEL_DEFAULTS["relu_dropout"],
                            help="dropout on the feed-forward sublayers' inner ReLU activations "
                                 "(the paper has none)")
         group.add_argument("--norm_type", choices=["post", "pre"],
-                           default=MODEL_DEFAULTS["norm_type"], help="post: LN(x + f(x)) as in the "
-                                                                     "paper; pre: x + f(LN(x)), "
-                                                                     "steadier when deep")
+                           default=MODEL_DEFAULTS["norm_type"],
+                           help="post: LN(x + f(x)) as in the paper; pre: x + f(LN(x)), "
+                                "steadier when deep")
         group.add_argument("--impl", choices=["fast", "reference"], default=MODEL_DEFAULTS["impl"],
                            help="fast: fused products, custom gradients, mixed precision and "
                                 "(--kernels) C++ kernels (fast/); reference: modules.py's plain "
@@ -134,28 +133,26 @@ class Hparams:
                            help="stop (with dev BLEU and a checkpoint) after this many minutes of "
                                 "training in this run; 0 means no limit")
         group.add_argument("--lr", type=float, default=1e-3,
-                           help="peak learning rate, reached at the end of warm-up (every "
-                                "schedule)")
+                           help="peak learning rate, reached at the end of warm-up "
+                                "(every schedule)")
         group.add_argument("--lr_schedule", choices=["linear", "cosine", "noam_cooldown", "noam"],
-                           default="linear", help="linear / cosine: linear warm-up, then decay to "
-                                                  "0 at the end of the training budget "
-                                                  "(--max_steps, --num_epochs, or the steps that "
-                                                  "--max_minutes allows, fixed from the step rate "
-                                                  "measured during warm-up and saved in the "
-                                                  "checkpoint); noam (Section 5.3): lr * "
-                                                  "warmup^0.5 * min(step * warmup^-1.5, "
-                                                  "step^-0.5), no end; noam_cooldown: noam, then "
-                                                  "linear decay to 0 over the last "
-                                                  "--cooldown_fraction of the budget")
+                           default="linear",
+                           help="linear / cosine: linear warm-up, then decay to 0 at the end of "
+                                "the training budget (--max_steps, --num_epochs, or the steps that "
+                                "--max_minutes allows, fixed from the step rate measured during "
+                                "warm-up and saved in the checkpoint); noam (Section 5.3): lr * "
+                                "warmup^0.5 * min(step * warmup^-1.5, step^-0.5), no end; "
+                                "noam_cooldown: noam, then linear decay to 0 over the last "
+                                "--cooldown_fraction of the budget")
         group.add_argument("--cooldown_fraction", type=float, default=0.2,
                            help="--lr_schedule noam_cooldown: the fraction of the training budget, "
                                 "at its end, over which the rate falls linearly to 0")
-        group.add_argument("--warmup_steps", type=int, default=1000, help="learning-rate warm-up "
-                           "steps")
+        group.add_argument("--warmup_steps", type=int, default=1000,
+                           help="learning-rate warm-up steps")
         group.add_argument("--smoothing", type=float, default=MODEL_DEFAULTS["smoothing"],
                            help="label smoothing epsilon")
-        group.add_argument("--seed", type=int, default=1234, help="graph-level random seed and "
-                                                                  "shuffling seed")
+        group.add_argument("--seed", type=int, default=1234,
+                           help="graph-level random seed and shuffling seed")
         group.add_argument("--keep_checkpoints", type=int, default=5,
                            help="how many checkpoints to keep; the best by dev BLEU is kept "
                                 "besides, as best-STEP (LOGDIR/best.json names it; --ckpt best "
@@ -167,8 +164,8 @@ class Hparams:
                            help="start a new logdir from the weights of another run (its latest "
                                 "checkpoint, or the one named) with a fresh optimizer and schedule "
                                 "from step 0; the data dir must have its vocabulary (prepro.py "
-                                "--bpe_model) and model-shape flags not given default to its "
-                                "hparams.json")
+                                "--bpe_model) and model-shape flags not given "
+                                "default to its hparams.json")
         group.add_argument("--config", default="", metavar="FILE",
                            help="take flags from a JSON file: another run's hparams.json or an "
                                 "object of flag values; flags on the command line override it, and "
@@ -197,15 +194,15 @@ class Hparams:
                                 "auto resolved to (a resumed run checks again); tf: TensorFlow's "
                                 "ops only. --impl fast only (reference: tf)")
         group.add_argument("--distribute", choices=["none", "mirrored", "multiworker"],
-                           default="none", help="none: one device; mirrored: the devices of "
-                                                "--devices in this process; multiworker: one "
-                                                "process per worker, cluster and task from "
-                                                "TF_CONFIG (see docs/distributed.md). --batch_size "
-                                                "is the global batch, split over all replicas")
+                           default="none",
+                           help="none: one device; mirrored: the devices of --devices in this "
+                                "process; multiworker: one process per worker, cluster and task "
+                                "from TF_CONFIG (see docs/distributed.md). --batch_size is the "
+                                "global batch, split over all replicas")
         group.add_argument("--devices", default="",
                            help="with --distribute mirrored: comma-separated devices, e.g. "
-                                "/gpu:0,/gpu:1 (default every GPU) or /cpu:0,/cpu:1 to try it on a "
-                                "CPU")
+                                "/gpu:0,/gpu:1 (default every GPU) or /cpu:0,/cpu:1 to try it on "
+                                "a CPU")
         group.add_argument("--threads", type=int, default=0,
                            help="threads for each op's kernel (intra-op) and for running "
                                 "independent ops side by side (inter-op); 0 uses every core this "
@@ -214,26 +211,26 @@ class Hparams:
 
     @staticmethod
     def _add_decoding(group):
-        group.add_argument("--beam_size", type=int, default=1, help="beam width; 1 is greedy "
-                                                                    "decoding")
+        group.add_argument("--beam_size", type=int, default=1,
+                           help="beam width; 1 is greedy decoding")
         group.add_argument("--alpha", type=float, default=0.6,
-                           help="beam search length penalty ((5+len)/6)^alpha; 0 ranks by "
-                                "log-probability")
+                           help="beam search length penalty ((5+len)/6)^alpha; 0 ranks "
+                                "by log-probability")
         group.add_argument("--max_len_a", type=float, default=1.5,
-                           help="decode at most max_len_a * source_length + max_len_b steps per "
-                                "sentence")
+                           help="decode at most max_len_a * source_length + max_len_b steps "
+                                "per sentence")
         group.add_argument("--max_len_b", type=int, default=10, help="see --max_len_a")
 
     @staticmethod
     def _add_testing(group):
-        group.add_argument("--ckpt", default="", help="checkpoint to test; default the latest in "
-                                                      "--logdir; best: the best by dev BLEU "
-                                                      "(LOGDIR/best.json)")
+        group.add_argument("--ckpt", default="",
+                           help="checkpoint to test; default the latest in --logdir; best: the "
+                                "best by dev BLEU (LOGDIR/best.json)")
         group.add_argument("--testdir", default="",
-                           help="where test.py writes hypotheses and results.json; default "
-                                "LOGDIR/test")
-        group.add_argument("--test_batch_size", type=int, default=128, help="sentences per "
-                           "decoding batch")
+                           help="where test.py writes hypotheses and results.json; "
+                                "default LOGDIR/test")
+        group.add_argument("--test_batch_size", type=int, default=128,
+                           help="sentences per decoding batch")
 
 
 class _NotGiven:
@@ -350,15 +347,15 @@ def check_ranges(hp, flags=None):
         raise UserError(problem)
 
 
-#: The types of the values hparams.json holds besides flags (train.py records them from the data
-#: dir).
+#: The types of the values hparams.json holds besides flags (train.py records them
+#: from the data dir).
 RECORDED_TYPES = {"vocab_size": (int,), "vocab_sha256": (str, type(None)),
                   "bpe_sha256": (str, type(None)), "data_dir": (str,)}
 
 
 def expected_types(action):
-    """The Python types a value of an argparse action may have in hparams.json: a float flag takes
-    integers."""
+    """The Python types a value of an argparse action may have in hparams.json: a float
+    flag takes integers."""
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         return (bool,)
     if action.type is float and action.default is None:  # null stands for another flag's value

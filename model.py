@@ -1,18 +1,18 @@
 """The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
 
-    model = build_transformer(ModelConfig.from_flags(hp))    # --impl: Transformer, or
-                                                             # fast.model.FastTransformer
+    model = build_transformer(ModelConfig.from_flags(hp))
+        # --impl: Transformer, or fast.model.FastTransformer
     memory, src_masks = model.encode(xs)                     # (N, T1, d_model), (N, T1)
     logits, y_hat, y, attention = model.decode(ys, memory, src_masks)
     loss, train_op, grads, attention = model.train(xs, ys, optimizer, global_step, token_count)
-    ids, scores, summaries = model.eval(xs, settings)        # dev translations
-                                                             # (decoding.translate), a summary
+    ids, scores, summaries = model.eval(xs, settings)
+        # dev translations (decoding.translate), a summary
 
 xs = data_load.Sources(x, x_seqlen): x (N, T1) int32 source ids ending in </s>, padded with 0;
-x_seqlen (N,) counts </s>. ys = data_load.Targets(decoder_input, y, y_seqlen): decoder_input (N, T2)
-= <s> + target ids, y (N, T2) = target ids + </s>. Decoding itself (greedy and beam search) is
-decoding.py's; the model gives it cached_decoder, its decoder one position at a time over a cache of
-the positions before.
+x_seqlen (N,) counts </s>. ys = data_load.Targets(decoder_input, y, y_seqlen):
+decoder_input (N, T2) = <s> + target ids, y (N, T2) = target ids + </s>. Decoding itself (greedy
+and beam search) is decoding.py's; the model gives it cached_decoder, its decoder one position at a
+time over a cache of the positions before.
 
 Two implementations compute the same function with the same variables (--impl): this Transformer,
 the paper on plain TensorFlow ops, and fast.model.FastTransformer, which overrides encode, decode,
@@ -20,12 +20,11 @@ loss and cached_decoder with fused products, custom gradients and C++ kernels (f
 checkpoints are interchangeable.
 
 Variable names (stable across versions, so checkpoints restore; see docs/checkpoint-format.md):
-  shared_weight_matrix/weight_mat                                  (V, d_model) embeddings = output
-                                                                   projection
+  shared_weight_matrix/weight_mat          (V, d_model) embeddings = output projection
   encoder/num_blocks_{i}/multihead_attention/{q,k,v,o}/{kernel,bias}, .../ln/{gamma,beta}
   encoder/num_blocks_{i}/positionwise_feedforward/{inner,outer}/{kernel,bias}, .../ln/{gamma,beta}
   decoder/num_blocks_{i}/{self_attention,vanilla_attention,positionwise_feedforward}/...
-  {encoder,decoder}/final_ln/{gamma,beta}                          (norm_type pre only)
+  {encoder,decoder}/final_ln/{gamma,beta}  (norm_type pre only)
 """
 import dataclasses
 
@@ -70,8 +69,8 @@ class ModelConfig:
     @classmethod
     def from_flags(cls, hp):
         """The config of resolved flags hp (hparams.py; precision already resolved, not "auto"). An
-        attention_dropout of None (not given, or a model trained before the flag existed) is
-        dropout_rate."""
+        attention_dropout of None (not given, or a model trained before the flag
+        existed) is dropout_rate."""
         values = {field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)}
         if values["attention_dropout"] is None:
             values["attention_dropout"] = values["dropout_rate"]
@@ -102,8 +101,8 @@ class Transformer:
                        training)
 
     def final_ln(self, outputs):
-        """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones are normalized
-        already."""
+        """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones
+        are normalized already."""
         return ln(outputs, scope="final_ln") if self.config.norm_type == "pre" else outputs
 
     def sublayer_flags(self, training):
@@ -131,8 +130,8 @@ class Transformer:
         return memory, src_masks
 
     def decoder_block(self, dec, memory, src_masks, training, cache=None):
-        """One decoder block (Section 3.1): masked self-attention, attention over the memory,
-        feed-forward.
+        """One decoder block (Section 3.1): masked self-attention, attention over
+        the memory, feed-forward.
 
         dec: (N, T2, d_model). memory: (N, T1, d_model). src_masks: (N, T1). cache: None, or
         (decoding one position at a time, T2 = 1) the self-attention's keys and values of the
@@ -168,9 +167,8 @@ class Transformer:
         return logits, tf.cast(tf.argmax(logits, axis=-1), tf.int32), y, attention
 
     def logits(self, dec):
-        """The output projection, the transposed embedding matrix (Section 3.4). dec: (N, T,
-        d_model).
-        Returns (N, T, V)."""
+        """The output projection, the transposed embedding matrix (Section 3.4).
+        dec: (N, T, d_model). Returns (N, T, V)."""
         return tf.tensordot(dec, self.embeddings, axes=[[2], [1]])
 
     # ---------------------------------------------------------------- Section 5: training
@@ -187,8 +185,8 @@ class Transformer:
         return tf.reduce_sum(losses * nonpadding), tf.reduce_sum(nonpadding), attention
 
     def train(self, xs, ys, optimizer, global_step, token_count):
-        """One training step on a batch: the loss per target token, and Adam's update of every
-        weight.
+        """One training step on a batch: the loss per target token, and Adam's update
+        of every weight.
 
         optimizer: make_optimizer's. global_step: incremented by the update. token_count: the
         non-pad target tokens the loss is divided by (those of xs, ys; or of the global batch when
@@ -208,8 +206,8 @@ class Transformer:
     def cached_decoder(self, memory, src_masks):
         """Step function and initial state for decoding one position at a time
         (decoding.greedy_search and beam_search run it): each step runs the decoder on the new
-        position only, its self-attention over the keys and values that the steps before left in the
-        cache.
+        position only, its self-attention over the keys and values that the steps before left
+        in the cache.
 
         memory: (B, T1, d_model). src_masks: (B, T1). Returns step_fn(tokens (B,), step, cache,
         parents=None) -> logits (B, V) and the cache with this step's keys and values appended
@@ -247,8 +245,8 @@ class Transformer:
     def score(self, xs, ids, alpha=0.6):
         """Teacher-forced model score of given translations, the quantity beam search maximizes.
 
-        ids: (N, T) ending in </s> then 0s. Returns (N,) log p(ids | x) / length_penalty(len,
-        alpha).
+        ids: (N, T) ending in </s> then 0s. Returns (N,)
+        log p(ids | x) / length_penalty(len, alpha).
         """
         log_probs = decoding_log_probs(self.teacher_forced(xs, ids)[0])  # (N, T, V)
         token_log_probs = tf.gather(log_probs, ids, batch_dims=2)  # (N, T)
@@ -257,17 +255,16 @@ class Transformer:
         return tf.reduce_sum(token_log_probs * nonpadding, axis=1) / length_penalty(lengths, alpha)
 
     def attention(self, xs, ids):
-        """Cross-attention of the last decoder block for given translations ids (N, T): (N, h, T,
-        T1)."""
+        """Cross-attention of the last decoder block for given translations ids (N, T):
+        (N, h, T, T1)."""
         return self.teacher_forced(xs, ids)[1]
 
     def eval(self, xs, settings):
-        """Translations of a batch, xs: data_load.Sources, x (N, T1), decoded as settings (a
-        decoding.DecodingSettings)
-        say: ids (N, T), their scores (N,) (train.py refuses to save a model whose scores are not
-        finite), and an image summary of the first sentence's attention, cheap enough to fetch with
-        every batch (one graph run then serves the whole dev set). The references are scored as
-        text, outside the graph."""
+        """Translations of a batch, xs: data_load.Sources, x (N, T1), decoded as settings
+        (a decoding.DecodingSettings) say: ids (N, T), their scores (N,) (train.py refuses to save
+        a model whose scores are not finite), and an image summary of the first sentence's
+        attention, cheap enough to fetch with every batch (one graph run then serves the whole dev
+        set). The references are scored as text, outside the graph."""
         ids, scores = translate(self, xs, settings)
         first = type(xs)(*(t[:1] for t in xs))  # the first sentence, at the batch's width
         summaries = tf1.summary.image("eval_attention",
@@ -275,8 +272,8 @@ class Transformer:
         return ids, scores, summaries
 
 
-#: Name of the variable that holds the step at which a decaying learning-rate schedule ends (0: not
-#: fixed yet).
+#: Name of the variable that holds the step at which a decaying learning-rate schedule ends
+#: (0: not fixed yet).
 SCHEDULE_TOTAL_STEPS = "lr_schedule_total_steps"
 
 
@@ -291,6 +288,6 @@ def schedule_total_steps():
 
 
 def attention_image(attention):
-    """attention: (N, h, T2, T1). Returns (1, T2, T1, 1): the first sentence's first head, for
-    tf.summary.image."""
+    """attention: (N, h, T2, T1). Returns (1, T2, T1, 1): the first sentence's first
+    head, for tf.summary.image."""
     return attention[:1, 0, :, :, None]

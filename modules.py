@@ -9,8 +9,8 @@ writes summaries, touches files or keeps globals. The fast path of the same func
 products, custom gradients, C++ kernels) is fast/layers.py; the two make the same variables under
 the same names.
 
-Shapes: N batch, T_q / T_k query / key lengths, d_model hidden size, h heads, d_k = d_model / h, V
-vocabulary.
+Shapes: N batch, T_q / T_k query / key lengths, d_model hidden size, h heads, d_k = d_model / h,
+V vocabulary.
 """
 import numpy as np
 import tensorflow as tf
@@ -41,8 +41,8 @@ def dropout(inputs, rate, training):
 def get_token_embeddings(vocab_size, num_units, zero_pad=True):
     """The shared token embedding matrix (Section 3.4), variable `shared_weight_matrix/weight_mat`.
 
-    vocab_size: V. num_units: d_model. zero_pad: if True, row 0 (the id of <pad>) is a constant zero
-    vector.
+    vocab_size: V. num_units: d_model. zero_pad: if True, row 0 (the id of <pad>) is a
+    constant zero vector.
     Returns (V, d_model), initialized from N(0, d_model^-0.5) so that embeddings * sqrt(d_model)
     have unit scale.
     """
@@ -66,8 +66,8 @@ def split_heads(x, num_heads):
 
 
 def merge_heads(x):
-    """(N, h, T, d_k) -> (N, T, h * d_k): the heads concatenated again, the inverse of
-    split_heads."""
+    """(N, h, T, d_k) -> (N, T, h * d_k): the heads concatenated again, the
+    inverse of split_heads."""
     n_batch, num_heads, length, d_k = tf.shape(x)[0], x.shape[1], tf.shape(x)[2], x.shape[-1]
     return tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [n_batch, length, num_heads * d_k])
 
@@ -77,8 +77,8 @@ def ln(inputs, epsilon=1e-6, scope="ln"):
     """Layer normalization (Ba et al., 2016) over the last axis, with learned gain `gamma` and bias
     `beta`: gamma * (x - mean(x)) / sqrt(var(x) + epsilon) + beta.
 
-    inputs: (..., d_model). Returns (..., d_model). Variables `scope/gamma` (ones) and `scope/beta`
-    (zeros).
+    inputs: (..., d_model). Returns (..., d_model). Variables `scope/gamma` (ones) and
+    `scope/beta` (zeros).
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         gamma = tf1.get_variable("gamma", [inputs.shape[-1]], initializer=tf1.ones_initializer())
@@ -93,8 +93,8 @@ def mask(scores, key_masks=None, causality=False):
     weight is 0.
 
     scores: (N, h, T_q, T_k) logits. key_masks: (N, T_k) bool, True at padded keys, or None.
-    causality: if True, query t sees only keys <= t (the decoder's self-attention: no peeking
-    ahead).
+    causality: if True, query t sees only keys <= t (the decoder's self-attention:
+    no peeking ahead).
     Returns (N, h, T_q, T_k).
     """
     if key_masks is not None:
@@ -109,11 +109,11 @@ def mask(scores, key_masks=None, causality=False):
 
 def scaled_dot_product_attention(Q, K, V, key_masks=None, causality=False, dropout_rate=0.,
                                  training=True):
-    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (Section 3.2.1), with dropout on the
-    weights.
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (Section 3.2.1), with
+    dropout on the weights.
 
-    Q: (N, h, T_q, d_k). K: (N, h, T_k, d_k). V: (N, h, T_k, d_v). key_masks, causality: as for
-    mask.
+    Q: (N, h, T_q, d_k). K: (N, h, T_k, d_k). V: (N, h, T_k, d_v).
+    key_masks, causality: as for mask.
     Returns outputs (N, h, T_q, d_v) and attention weights (N, h, T_q, T_k).
     """
     d_k = Q.shape[-1]
@@ -132,15 +132,13 @@ def multihead_attention(queries, keys_values, key_masks, num_heads=8, dropout_ra
 
     queries: (N, T_q, d_model), the sublayer's input x.
     keys_values: (N, T_k, d_model), the encoder's output for the decoder's attention over it
-    (Section 3.2.3), or
-        None for self-attention (keys and values come from x itself).
+        (Section 3.2.3), or None for self-attention (keys and values come from x itself).
     key_masks: (N, T_k) bool, True at padded keys, or None. causality: as for mask.
-    dropout_rate: on the sublayer's output (Section 5.4); attention_dropout: on the attention
-    weights.
+    dropout_rate: on the sublayer's output (Section 5.4); attention_dropout: on
+    the attention weights.
     cache: for decoding one position at a time, a dict {"keys", "values"} of the self-attention keys
-    and values of
-        the positions before, each (N, h, t, d_k); this position's are appended to it (the dict is
-        updated).
+        and values of the positions before, each (N, h, t, d_k); this position's are appended to it
+        (the dict is updated).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
@@ -181,8 +179,8 @@ def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., tra
 
 # ---------------------------------------------------------------- Section 3.5: positional encoding
 def positional_encoding(inputs, start=0):
-    """Sinusoidal positional encoding (Section 3.5), computed for the actual length, so any length
-    works.
+    """Sinusoidal positional encoding (Section 3.5), computed for the actual length, so
+    any length works.
 
     PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
     inputs: (N, T, d_model); only its length T and width are used. start: position of the first step
@@ -213,8 +211,8 @@ def noam_scheme(init_lr, global_step, warmup_steps=4000.):
 
     lr(step) = init_lr * warmup^0.5 * min(step * warmup^-1.5, step^-0.5): linear warm-up, then
     step^-0.5 decay.
-    global_step: scalar tensor (int or float); step 0 is treated as step 1. Returns a scalar float32
-    tensor.
+    global_step: scalar tensor (int or float); step 0 is treated as step 1.
+    Returns a scalar float32 tensor.
     """
     step = tf.maximum(tf.cast(global_step, tf.float32), 1.0)
     warmup_steps = float(warmup_steps)
@@ -227,8 +225,8 @@ def noam_cooldown_scheme(peak_lr, global_step, warmup_steps, total_steps, cooldo
     warm-up/decay/cooldown shape of Zhai et al., 2022; Hägele et al., 2024 find a 20% cooldown as
     good as a cosine over the whole budget).
 
-    lr(step) = noam(step)                                             for step < start = (1 -
-                                                                      cooldown) * total
+    lr(step) = noam(step)                                             for step < start =
+                                                                      (1 - cooldown) * total
                noam(start) * (total - step) / (total - start)         after, reaching 0 at total
     global_step: scalar tensor; step 0 is treated as step 1. total_steps: scalar tensor (int or
     float); 0 means not known yet, and the rate is Noam's. Returns a scalar float32 tensor.
@@ -247,13 +245,12 @@ def warmup_decay_scheme(peak_lr, global_step, warmup_steps, total_steps, decay="
 
     lr(step) = peak_lr * step / warmup                               for step < warmup
                peak_lr * f((step - warmup) / (total - warmup))      after, with f(p) = 1 - p
-                                                                    (linear) or
-                                                                     (1 + cos(pi p)) / 2 (cosine), p
-                                                                     clipped to [0, 1]
+                                                                     (linear) or (1 + cos(pi p)) / 2
+                                                                     (cosine), p clipped to [0, 1]
     global_step: scalar tensor; step 0 is treated as step 1. total_steps: scalar tensor (int or
     float), the step at which the rate reaches 0; 0 means not known yet (a time budget before its
-    step rate is measured), and the rate holds at peak_lr after warm-up. Returns a scalar float32
-    tensor.
+    step rate is measured), and the rate holds at peak_lr after warm-up.
+    Returns a scalar float32 tensor.
     """
     step = tf.maximum(tf.cast(global_step, tf.float32), 1.0)
     total = tf.cast(total_steps, tf.float32)

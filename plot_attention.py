@@ -12,21 +12,20 @@ from toolkit.outputs import check_writable_dir
 
 
 def main(argv=None):
-    """The command line: translate.py --plot_attention DIR for the sentences given (see the module
-    docstring)."""
-    parser = OneLineParser(prog="plot_attention.py", description="Translate sentences with a "
-                                                                 "trained model and draw the "
-                                                                 "cross-attention heads of its "
-                                                                 "last decoder block as PNGs "
-                                                                 "(translate.py --plot_attention).")
+    """The command line: translate.py --plot_attention DIR for the sentences given (see
+    the module docstring)."""
+    parser = OneLineParser(prog="plot_attention.py",
+                           description="Translate sentences with a trained model and draw the "
+                                       "cross-attention heads of its last decoder block as PNGs "
+                                       "(translate.py --plot_attention).")
     parser.add_argument("--logdir", required=True, help="a logdir written by train.py")
-    parser.add_argument("--dir", required=True, help="where the PNGs go: positional_encoding.png "
-                                                     "and NNNN.png, NNNN the sentence's number "
-                                                     "counted from 1")
-    parser.add_argument("--ckpt", default="", help="checkpoint to use; default the latest in "
-                                                   "--logdir")
-    parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to translate "
-                        "and draw")
+    parser.add_argument("--dir", required=True,
+                        help="where the PNGs go: positional_encoding.png and NNNN.png, NNNN the "
+                             "sentence's number counted from 1")
+    parser.add_argument("--ckpt", default="",
+                        help="checkpoint to use; default the latest in --logdir")
+    parser.add_argument("sentences", nargs="+", metavar="SENTENCE",
+                        help="sentences to translate and draw")
     args = parser.parse_args(argv)
     check_writable_dir(args.dir, "dir")
     import translate  # TensorFlow only once the command line is known to be good

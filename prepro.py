@@ -10,16 +10,14 @@ The corpus is streamed: read, cleaned and written line by line, and encoded a ch
 time with every core, so memory does not grow with it. BPE is trained on every training sentence, or
 on a random sample of databuild.BPE_SAMPLE_SENTENCES sentences when train has more (the manifest
 says which). Cleaning keeps every line: it strips '\\r' and surrounding whitespace, collapses inner
-whitespace
-to single spaces and applies Unicode NFC.  Training pairs with an empty side are dropped; duplicate
-pairs and pairs whose sides differ in length by more than ``--max_ratio`` (in BPE pieces) are
-reported (repeats found by a 64-bit hash of each pair), and dropped from train with ``--dedup`` /
-``--filter_ratio``.  Dev and test lines are
-never dropped or reordered, and an empty dev or test split is refused.  Input files may be
-gzip-compressed.  A build is published only once it is complete (see datadir.py), so a failed
-rebuild (--force) leaves the previous build usable.  Re-running with the same inputs and options
-                                                     does
-nothing; other inputs or options need another --data_dir or --force.
+whitespace to single spaces and applies Unicode NFC.  Training pairs with an empty side are dropped;
+duplicate pairs and pairs whose sides differ in length by more than ``--max_ratio`` (in BPE pieces)
+are reported (repeats found by a 64-bit hash of each pair), and dropped from train with
+``--dedup`` / ``--filter_ratio``.  Dev and test lines are never dropped or reordered, and an empty
+dev or test split is refused.  Input files may be gzip-compressed.  A build is published only once
+it is complete (see datadir.py), so a failed rebuild (--force) leaves the previous build usable.
+Re-running with the same inputs and options does nothing; other inputs or options need another
+--data_dir or --force.
 """
 
 import math
@@ -60,11 +58,11 @@ def build_parser():
         description="Build a data directory (cleaned splits, one joint sentencepiece BPE model "
                     "with <pad>=0 <unk>=1 <s>=2 </s>=3, BPE-segmented splits, %s) from a parallel "
                     "corpus. Side 1 is the source, side 2 the target; 'eval' is the dev split."
-        % MANIFEST_NAME, epilog="Training pairs with an empty side are always dropped; repeated "
-                                "pairs and pairs whose sides differ in length by more than "
-                                "--max_ratio are only reported unless --dedup / --filter_ratio is "
-                                "given. Dev and test are never filtered. If a download fails, pass "
-                                "local copies with --dataset files.")
+                    % MANIFEST_NAME,
+        epilog="Training pairs with an empty side are always dropped; repeated pairs and pairs "
+               "whose sides differ in length by more than --max_ratio are only reported unless "
+               "--dedup / --filter_ratio is given. Dev and test are never filtered. If a download "
+               "fails, pass local copies with --dataset files.")
     parser.add_argument("--dataset", choices=DATASETS, default="numbers",
                         help="numbers: built-in synthetic German->English numbers and dates "
                              "(offline, default); multi30k: Multi30k task 1 de-en (train / val / "
@@ -74,8 +72,8 @@ def build_parser():
     parser.add_argument("--data_dir", help="output directory (default data/DATASET)")
     parser.add_argument("--vocab_size", type=int,
                         help="BPE vocabulary size including the 4 special pieces (default 1000 for "
-                             "numbers, 32000 otherwise); it is an error if the corpus cannot fill "
-                             "it")
+                             "numbers, 32000 otherwise); it is an error if the corpus "
+                             "cannot fill it")
     parser.add_argument("--bpe_model", metavar="PATH",
                         help="segment with this sentencepiece model (another data dir's bpe.model) "
                              "instead of training one: the data dir gets that vocabulary, so a "
@@ -86,8 +84,8 @@ def build_parser():
                              "(default: count and report them only)")
     parser.add_argument("--max_ratio", type=float, default=DEFAULT_MAX_RATIO,
                         help="a pair whose longer side has more than this many times the BPE "
-                             "pieces of the shorter side counts as a length-ratio outlier (default "
-                             "%(default)g)")
+                             "pieces of the shorter side counts as a length-ratio "
+                             "outlier (default %(default)g)")
     parser.add_argument("--filter_ratio", action="store_true",
                         help="drop length-ratio outliers from train (default: report them only)")
     parser.add_argument("--reverse", action="store_true",
@@ -96,19 +94,20 @@ def build_parser():
                              "multi30k), side 2 the source's, and the manifest's src_lang / "
                              "tgt_lang swap with them")
     parser.add_argument("--force", action="store_true",
-                        help="rebuild --data_dir even if it holds a build with other inputs or "
-                             "options")
+                        help="rebuild --data_dir even if it holds a build with other "
+                             "inputs or options")
     numbers = parser.add_argument_group("--dataset numbers")
     numbers.add_argument("--seed", type=int, help="random seed of the generated corpus (default 1)")
     numbers.add_argument("--n_train", type=int, help="training pairs (default 50000)")
     numbers.add_argument("--n_eval", type=int, help="dev pairs (default 1000)")
     numbers.add_argument("--n_test", type=int, help="test pairs (default 1000)")
-    downloads = parser.add_argument_group("--dataset multi30k / iwslt2016 (downloads, cached in "
-                                          "DATA_DIR/download)")
-    downloads.add_argument("--url", help=f"multi30k: base URL holding train.de.gz ... "
-                                         f"test_2016_flickr.en.gz (default {MULTI30K_URL}); "
-                                         f"iwslt2016: URL of de-en.tgz (default {IWSLT2016_URL}, "
-                                         f"which no longer answers, so give a mirror)")
+    downloads = parser.add_argument_group(
+        "--dataset multi30k / iwslt2016 (downloads, cached in DATA_DIR/download)")
+    downloads.add_argument("--url",
+                           help=f"multi30k: base URL holding train.de.gz ... "
+                                f"test_2016_flickr.en.gz (default {MULTI30K_URL}); iwslt2016: URL "
+                                f"of de-en.tgz (default {IWSLT2016_URL}, which no longer answers, "
+                                "so give a mirror)")
     downloads.add_argument("--no_verify", action="store_true",
                            help="multi30k: accept files whose sha256 differs from the known "
                                 "release (the sha256 of every download is recorded in the manifest "
@@ -118,12 +117,11 @@ def build_parser():
         split, side = flag[:-1], flag[-1]
         files.add_argument(f"--{flag}", metavar="FILE",
                            help=f"{split} split, {'source' if side == '1' else 'target'} side "
-                           f"(UTF-8, one "
-                                "sentence per line)")
-    files.add_argument("--src_lang", help="language code of the side 1 files, the source (default "
-                                          "de; with --reverse it becomes the target)")
-    files.add_argument("--tgt_lang", help="language code of the side 2 files, the target (default "
-                                          "en; with --reverse it becomes the source)")
+                                "(UTF-8, one sentence per line)")
+    files.add_argument("--src_lang", help="language code of the side 1 files, the source "
+                                          "(default de; with --reverse it becomes the target)")
+    files.add_argument("--tgt_lang", help="language code of the side 2 files, the target "
+                                          "(default en; with --reverse it becomes the source)")
     return parser
 
 
@@ -141,24 +139,23 @@ def check_flags(parser, args):
         if missing:
             parser.error(f"--dataset files needs {', '.join(missing)}")
     if args.vocab_size is not None and args.bpe_model:
-        parser.error(f"--vocab_size comes from --bpe_model {args.bpe_model}: leave --vocab_size "
-                     f"out")
+        parser.error(f"--vocab_size comes from --bpe_model {args.bpe_model}: "
+                     "leave --vocab_size out")
     if args.vocab_size is not None and args.vocab_size <= len(SPECIAL_PIECES):
         parser.error(f"--vocab_size {args.vocab_size} is too small: the {len(SPECIAL_PIECES)} "
-                     f"special pieces "
-                     "(<pad> <unk> <s> </s>) come on top of one piece per character of the corpus")
+                     "special pieces (<pad> <unk> <s> </s>) come on top of one piece per character "
+                     "of the corpus")
     if not (math.isfinite(args.max_ratio) and args.max_ratio > 1):
-        parser.error(f"--max_ratio {args.max_ratio} is out of range: it must be a finite number "
-                     f"greater than 1")
+        parser.error(f"--max_ratio {args.max_ratio} is out of range: "
+                     "it must be a finite number greater than 1")
     if args.seed is not None and not 0 <= args.seed < 2 ** 32:
-        parser.error(f"--seed {args.seed} is out of range: it must be from 0 to 2^32 - 1 "
-                     f"(4294967295)")
+        parser.error(f"--seed {args.seed} is out of range: "
+                     "it must be from 0 to 2^32 - 1 (4294967295)")
 
 
 def build_options(args, bpe_model=None):
     """Every option that shapes the output, with defaults filled in. bpe_model: the sentencepiece
-    model of
-    --bpe_model (databuild.BpeModel), whose size and sha256 it records."""
+    model of --bpe_model (databuild.BpeModel), whose size and sha256 it records."""
     def given_or(value, default):
         return default if value is None else value
 

@@ -9,19 +9,19 @@ to try it at /.
 
 Endpoints (docs/serving.md has every field and error):
     POST /translate  q (a string or a list of strings), source (the model's source language or
-                     "auto"), target,
-                     format ("text" or "html"), alternatives (how many n-best entries besides the
-                     best), api_key; beyond LibreTranslate: attention true (q one string) adds
-                     "nbest" [{text, score}] and "attention" [{source, target, weights}], the best
-                     translation's cross-attention of the last decoder block averaged over heads,
-                     (target pieces, source pieces), one per model input.
+                     "auto"), target, format ("text" or "html"), alternatives (how many n-best
+                     entries besides the best), api_key; beyond LibreTranslate: attention true
+                     (q one string) adds "nbest" [{text, score}] and "attention"
+                     [{source, target, weights}], the best translation's cross-attention of the
+                     last decoder block averaged over heads, (target pieces, source pieces), one
+                     per model input.
     POST /detect     the languages langdetect finds in q, most likely first
     POST /translate_file  a .txt or .html file (multipart: file, source, target, api_key): answers
                      translatedFileUrl, its translation at GET /download_file/KEY
     GET  /frontend/settings  LibreTranslate's settings (charLimit, keyRequired, ...)
     GET  /languages  the model's two languages
-    GET  /           the page: a text box, the translation, its n-best with scores and its attention
-                     heat map
+    GET  /           the page: a text box, the translation, its n-best with scores and its
+                     attention heat map
 CORS headers answer the origins of --cors_origins (any by default), a preflight too.
 Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong
 api_key, 429 queue full, 504 past --timeout, 500 a failure of the server itself.
@@ -66,22 +66,21 @@ PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page", "i
 # ---------------------------------------------------------------- flags
 def build_parser():
     """hparams.py's parser with its decoding flags, and the flags of serve.py alone."""
-    parser = Hparams(DECODING_FLAGS, "serve.py", "Serve a trained model over HTTP with "
-                                                 "LibreTranslate's API and a page to try it at / "
-                                                 "(see the top of serve.py and docs/serving.md). "
-                                                 "Its language codes are those prepro.py recorded "
-                                                 "in the data dir's manifest.json (--src_lang, "
-                                                 "--tgt_lang).").parser
+    parser = Hparams(DECODING_FLAGS, "serve.py",
+                     "Serve a trained model over HTTP with LibreTranslate's API and a page to try "
+                     "it at / (see the top of serve.py and docs/serving.md). Its language codes "
+                     "are those prepro.py recorded in the data dir's manifest.json (--src_lang, "
+                     "--tgt_lang).").parser
     group = parser.add_argument_group("serve.py")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 listens on every interface")
-    group.add_argument("--port", type=int, default=5000, help="TCP port to listen on "
-                                                              "(LibreTranslate's); 0 picks a free "
-                                                              "one, named in the 'serving on' line")
+    group.add_argument("--port", type=int, default=5000,
+                       help="TCP port to listen on (LibreTranslate's); 0 picks a free one, named "
+                            "in the 'serving on' line")
     group.add_argument("--batch_wait_ms", type=float, default=5,
                        help="how long the worker waits for more sentences to batch with the first "
-                            "waiting one; 0 runs each request's sentences as soon as the model is "
-                            "free")
+                            "waiting one; 0 runs each request's sentences as soon as the "
+                            "model is free")
     group.add_argument("--char_limit", type=int, default=5000,
                        help="most characters of one q item (each item of a list counts alone, as "
                             "in LibreTranslate); more is a 400")
@@ -98,8 +97,8 @@ def build_parser():
     group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
                        help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
                             "directory --model written by export.py --format ctranslate2 (int8 "
-                            "too), its decoding settings under the decoding flags given; no "
-                            "attention")
+                            "too), its decoding settings under the decoding flags "
+                            "given; no attention")
     group.add_argument("--model", default="", metavar="DIR",
                        help="with --engine ctranslate2: the exported model directory")
     group.add_argument("--no_split", action="store_true",
@@ -112,8 +111,8 @@ def build_parser():
         "origins whose browser pages may call the API (CORS), comma-separated; * (default) allows "
         "any, an empty value none (pages of the server's own origin only)"))
     group.add_argument("--api_key", default="",
-                       help="if given, /translate and /detect need this api_key field (403 without "
-                            "it); the page sends the one in its address, /?api_key=KEY")
+                       help="if given, /translate and /detect need this api_key field (403 "
+                            "without it); the page sends the one in its address, /?api_key=KEY")
     return parser
 
 
@@ -126,8 +125,6 @@ def parse_args(argv):
     return trained_hparams(args.logdir, decoding_flags(given)), args
 
 
-# ---------------------------------------------------------------- text in and out
-# ---------------------------------------------------------------- the model's worker
 # ---------------------------------------------------------------- the API
 async def translate_handler(request):
     service, fields = request.app["service"], await read_fields(request)
@@ -233,8 +230,8 @@ ROUTES = (("POST", "/translate", translate_handler, None),
 
 
 def build_app(service):
-    # a body may hold --char_limit characters, each up to 6 bytes as a JSON escape, and the other
-    # fields
+    # a body may hold --char_limit characters, each up to 6 bytes as a JSON escape,
+    # and the other fields
     app = web.Application(middlewares=[log_and_errors], client_max_size=6 * service.args.char_limit
                           + 65536)
     app["service"], app["files"] = service, TranslatedFiles()
@@ -246,8 +243,8 @@ def build_app(service):
 
 
 async def serve(service, args):
-    """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already in, and
-    returns."""
+    """Serves until SIGTERM or SIGINT, then stops accepting, answers the requests already
+    in, and returns."""
     runner = ApiRunner(build_app(service), access_log=None, shutdown_timeout=args.timeout + 5,
                            logger=connection_logger())
     await runner.setup()

@@ -1,5 +1,5 @@
-"""Translates the whole test split with a trained model and reports sacreBLEU, or scores other file
-pairs.
+"""Translates the whole test split with a trained model and reports sacreBLEU, or scores
+other file pairs.
 
     python test.py --logdir runs/numbers [--ckpt PATH|best] [--testdir DIR] [--beam_size 4]
     python test.py --logdir runs/numbers --src a.de b.de --ref a.en b.en   # BLEU, chrF per pair
@@ -89,8 +89,8 @@ def main(argv=None):
                                            num_batches(), eval_order(hp.data_dir, manifest, "test"),
                                            sp, "test", scores)
         except FloatingPointError as error:
-            raise UserError("%s with %s: its weights diverged; test an earlier checkpoint with "
-                            "--ckpt" % (error, ckpt)) from None
+            raise UserError("%s with %s: its weights diverged; test an "
+                            "earlier checkpoint with --ckpt" % (error, ckpt)) from None
         seconds = time.time() - start
     bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
 
@@ -107,8 +107,8 @@ def main(argv=None):
 
 def score_files(hp):
     """test.py --src ... --ref ...: translates each source file and prints its BLEU and chrF against
-    its reference file. Every file is read, and the pairs' line counts compared, before the model is
-    loaded."""
+    its reference file. Every file is read, and the pairs' line counts compared, before the
+    model is loaded."""
     if len(hp.src) != len(hp.ref):
         raise UserError("%d --src files but %d --ref files: give one --ref file per --src file, in "
                         "the same order" % (len(hp.src), len(hp.ref)))

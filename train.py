@@ -55,8 +55,8 @@ def resolve_hparams(argv):
 
     The model's shape can not change on resume, nor its vocabulary: vocab_size, vocab_sha256 and
     bpe_sha256 come from the data dir. A new run with --init_from takes the model-shape flags it is
-    not given from the source run (init_model_flags). Every flag's range is checked before anything
-    is built.
+    not given from the source run (init_model_flags). Every flag's range is checked before
+    anything is built.
     """
     parser = Hparams(prog="train.py").parser
     hp, given = parse_flags(parser, argv)
@@ -101,8 +101,8 @@ def check_splits(g, hp):
 
 def evaluate(sess, g, hp, sp, references, writer, step, epoch):
     """Translates the whole dev set, writes the hypotheses and summaries, returns BLEU. Raises
-    FloatingPointError when a translation's score is not finite (as train_epoch does for non-finite
-    weights)."""
+    FloatingPointError when a translation's score is not finite (as train_epoch does
+    for non-finite weights)."""
     hypotheses, summary = get_hypotheses(sess, g.eval_init, g.eval_ids, g.xs.x_seqlen,
                                          g.eval_num_batches, g.eval_order, sp, desc="dev",
                                          scores_op=g.eval_scores, summary_op=g.eval_summaries)
@@ -198,8 +198,8 @@ def main(argv=None):
         g = build_graph(hp, manifest, cluster)
         check_splits(g, hp)
         init_ckpt = init_checkpoint(hp)
-        # a new logdir: created once the flags, the data and --init_from's weights are known to be
-        # good
+        # a new logdir: created once the flags, the data and --init_from's weights are
+        # known to be good
         if chief and not os.path.isdir(logdir):
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
@@ -263,8 +263,8 @@ def train(hp, manifest, cluster, g, init_ckpt=None):
 
 def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_ckpt):
     """Epochs until the budget ends or a stop request: each ends with a dev evaluation (every
-    --eval_every epochs and at the end) and a checkpoint. Returns (global step, epoch, last
-    checkpoint)."""
+    --eval_every epochs and at the end) and a checkpoint. Returns (global step,
+    epoch, last checkpoint)."""
     epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
     step = sess.run(g.step.global_step)
     saved_step = step if last_ckpt else None

@@ -1,5 +1,5 @@
-"""Translates raw text with a trained model: sentences given as arguments, a file, or standard
-input.
+"""Translates raw text with a trained model: sentences given as arguments, a file, or
+standard input.
 
     python translate.py --logdir runs/multi30k "Ein Mann schläft." "Zwei Hunde spielen."
         # one line each
@@ -15,36 +15,35 @@ input.
              --test_batch_size 128
 
 The model's shape and data dir come from LOGDIR/hparams.json; decoding flags of hparams.py
-(--beam_size,
---alpha, --max_len_a, --max_len_b, --ckpt, --data_dir, --test_batch_size) go on top. Input is UTF-8
-raw text, cleaned as prepro.py cleans training text (NFC, whitespace runs as one space) and
-segmented with the data dir's bpe.model. With --engine ctranslate2 the model, its bpe.model and
-decoding settings come from --model DIR.
+(--beam_size, --alpha, --max_len_a, --max_len_b, --ckpt, --data_dir, --test_batch_size) go on top.
+Input is UTF-8 raw text, cleaned as prepro.py cleans training text (NFC, whitespace runs as one
+space) and segmented with the data dir's bpe.model. With --engine ctranslate2 the model, its
+bpe.model and decoding settings come from --model DIR.
 
-Every input line gives exactly one output line (with --nbest N: up to N lines `LINE ||| TRANSLATION
-||| SCORE`, LINE counted from 0, best first). A line of several sentences (a paragraph) is split
-into them by spaCy's rule-based sentencizer for the source language, each translated alone (a model
-trained on single sentences drops or merges sentences of a paragraph read whole), and their
-translations joined with the text that was between them; --no_split translates every line whole,
-and --score never splits. Notes go to standard error:
+Every input line gives exactly one output line (with --nbest N: up to N lines
+`LINE ||| TRANSLATION ||| SCORE`, LINE counted from 0, best first). A line of several sentences (a
+paragraph) is split into them by spaCy's rule-based sentencizer for the source language, each
+translated alone (a model trained on single sentences drops or merges sentences of a paragraph read
+whole), and their translations joined with the text that was between them; --no_split translates
+every line whole, and --score never splits. Notes go to standard error:
   - an empty line gives an empty translation;
   - a sentence longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off:
-    it is split into parts that fit, after sentence punctuation (. ! ?) where possible, else after ,
-    ; :, else between words, else inside a word; the parts are translated separately and their
-    translations joined with spaces (with --nbest, entry k joins the k-th best of every part and
-    every sentence, and its score is the sum of their scores);
+    it is split into parts that fit, after sentence punctuation (. ! ?) where possible, else
+    after , ; :, else between words, else inside a word; the parts are translated separately and
+    their translations joined with spaces (with --nbest, entry k joins the k-th best of every part
+    and every sentence, and its score is the sum of their scores);
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is
-    translated; on standard input such a line gives an empty translation and a note, and translation
-    goes on.
+    translated; on standard input such a line gives an empty translation and a note, and
+    translation goes on.
 --output FILE is written beside FILE and renamed into place when translation ends: an interrupted
 run leaves the old FILE (if any) as it was. A link is followed (its target replaced); a device,
 FIFO, /dev/stdout or /dev/fd/N is written directly; the --input file is never an output. --output
 and --plot_attention are checked before the model is loaded.
 --score REF (with --input SRC) translates nothing: it prints, for each source line and the reference
 line of REF beside it, `LOGPROB<TAB>NORMALIZED`: log p(reference + </s> | source) under the model
-(teacher-forced, whole lines however long) and that divided by beam search's length penalty ((5 +
-length) / 6)^alpha, length counting </s>: the score --nbest prints for a translation, and what beam
-search maximizes.
+(teacher-forced, whole lines however long) and that divided by beam search's length penalty
+((5 + length) / 6)^alpha, length counting </s>: the score --nbest prints for a translation, and
+what beam search maximizes.
 --plot_attention DIR writes DIR/positional_encoding.png and, per translated line, DIR/LINE.png (LINE
 counted from 1; DIR/LINE-PART.png for a split line) with the cross-attention heads of the last
 decoder block.
@@ -70,30 +69,30 @@ from toolkit.translator import Translator, ctranslate2_translator
 
 # ---------------------------------------------------------------- flags
 def build_parser():
-    """hparams.py's parser with its decoding flags and the arguments and flags of translate.py
-    alone."""
-    parser = Hparams(DECODING_FLAGS, "translate.py", "Translate raw text with a trained model (see "
-                                                     "the top of translate.py).").parser
+    """hparams.py's parser with its decoding flags and the arguments and flags
+    of translate.py alone."""
+    parser = Hparams(DECODING_FLAGS, "translate.py", "Translate raw text with a trained model "
+                     "(see the top of translate.py).").parser
     group = parser.add_argument_group("translate.py")
     group.add_argument("sentences", nargs="*", metavar="SENTENCE",
-                       help="sentences to translate; without any, --input FILE or standard input "
-                            "is read")
+                       help="sentences to translate; without any, --input FILE or standard "
+                            "input is read")
     group.add_argument("--input", default="", metavar="FILE",
-                       help="UTF-8 file with one sentence per line, translated in batches of "
-                            "--test_batch_size")
+                       help="UTF-8 file with one sentence per line, translated in "
+                            "batches of --test_batch_size")
     group.add_argument("--output", default="", metavar="FILE",
                        help="write the translations to FILE instead of standard output")
     group.add_argument("--nbest", type=int, default=1, metavar="N",
-                       help="print the N best translations with their scores (needs --beam_size N "
-                            "or more)")
+                       help="print the N best translations with their scores (needs --beam_size "
+                            "N or more)")
     group.add_argument("--plot_attention", default="", metavar="DIR",
                        help="write attention heat maps (PNG) of every translated line and of the "
                             "positional encoding to DIR")
     group.add_argument("--score", default="", metavar="REF",
                        help="with --input SRC: print LOGPROB<TAB>NORMALIZED of each line of REF as "
                             "the translation of the line of SRC beside it (forced decoding; "
-                            "NORMALIZED divides by the length penalty of --alpha) instead of "
-                            "translating")
+                            "NORMALIZED divides by the length penalty of --alpha) "
+                            "instead of translating")
     group.add_argument("--engine", choices=["tensorflow", "ctranslate2"], default="tensorflow",
                        help="tensorflow (default): the checkpoint in --logdir; ctranslate2: the "
                             "model directory --model written by export.py --format ctranslate2 "
@@ -109,8 +108,8 @@ def build_parser():
 
 def parse_args(argv):
     """Returns hp (hparams.json of --logdir, or the settings of an exported CTranslate2 --model,
-    with the decoding flags of argv on top) and args (every flag, including those of translate.py
-    alone)."""
+    with the decoding flags of argv on top) and args (every flag, including those
+    of translate.py alone)."""
     args, given = parse_flags(build_parser(), argv, intermixed=True)
     hp = ctranslate2_hparams(args, given) if args.engine == "ctranslate2" else trained_hparams(
         args.logdir, decoding_flags(given))
@@ -139,8 +138,8 @@ def parse_args(argv):
 
 
 def check_score_flags(args):
-    """--score REF scores the lines of --input SRC with the TensorFlow engine, and prints nothing
-    else."""
+    """--score REF scores the lines of --input SRC with the TensorFlow engine, and
+    prints nothing else."""
     if not args.score:
         return
     if not args.input:
@@ -155,8 +154,8 @@ def check_score_flags(args):
 
 
 def ctranslate2_hparams(args, given):
-    """The settings of --model DIR (export.py --format ctranslate2) with the decoding flags given on
-    top."""
+    """The settings of --model DIR (export.py --format ctranslate2) with the decoding flags
+    given on top."""
     hp = ctranslate2_engine.exported_hparams(args.model, given, args.test_batch_size, args.threads)
     if args.plot_attention:
         raise UserError("--plot_attention needs --engine tensorflow")
@@ -165,23 +164,23 @@ def ctranslate2_hparams(args, given):
 
 # ---------------------------------------------------------------- text out
 def attention_plots(directory, sp, d_model):
-    """The writer of --plot_attention DIR's PNGs (matplotlib is imported only when plots are asked
-    for)."""
+    """The writer of --plot_attention DIR's PNGs (matplotlib is imported only when plots
+    are asked for)."""
     from toolkit.attention_plots import AttentionPlots
     return AttentionPlots(directory, sp, d_model)
 
 
 # ---------------------------------------------------------------- modes
 def translate_all(translator, lines, sp, limit, split, args, plots, out, where):
-    """Translates a list of lines in batches and writes one output line (or n-best block) per line,
-    in order."""
+    """Translates a list of lines in batches and writes one output line (or n-best block) per
+    line, in order."""
     for number, line in enumerate(translated_lines(translator, lines, sp, limit, where, split), 1):
         write_line(out, number, *line, args.nbest, plots)
 
 
 def score_all(translator, sources, references, sp, out):
-    """Writes `LOGPROB<TAB>NORMALIZED` of each reference line given its source line (--score), in
-    order."""
+    """Writes `LOGPROB<TAB>NORMALIZED` of each reference line given its source line
+    (--score), in order."""
     source_ids, target_ids = ([forced_ids(text, sp, where, number) for number,
                                text in enumerate(lines, 1)]
                               for where,

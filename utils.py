@@ -1,9 +1,9 @@
 """Turning model output into text and scores: ids into detokenized text, a whole dataset's
-translations back in line order, and BLEU; and Progress, how the long loops that produce them
-report.
+translations back in line order, and BLEU; and Progress, how the long loops that
+produce them report.
 
-BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers can be compared
-with).
+BLEU is sacreBLEU on detokenized, cased text (the scoring that published numbers can
+be compared with).
 """
 import math
 import sys
@@ -18,8 +18,8 @@ from toolkit.ids import EOS_ID, PAD_ID
 
 
 def postprocess(ids, sp):
-    """ids: (N, T) int array ending in </s> then 0s. Returns N detokenized strings (sentencepiece
-    decode)."""
+    """ids: (N, T) int array ending in </s> then 0s. Returns N detokenized
+    strings (sentencepiece decode)."""
     texts = []
     for row in ids:
         row = list(row)
@@ -68,8 +68,8 @@ def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, d
     return in_line_order, first_summary
 
 
-#: Seconds between two progress lines of a long loop whose standard error is not a terminal (see
-#: Progress).
+#: Seconds between two progress lines of a long loop whose standard error is not a
+#: terminal (see Progress).
 PROGRESS_SECONDS = 60
 
 
@@ -116,8 +116,8 @@ def calc_bleu(references, hypotheses):
 
 
 def calc_chrf(references, hypotheses):
-    """sacreBLEU's chrF (character 6-grams, beta 2) over detokenized text, 0-100, as calc_bleu takes
-    them."""
+    """sacreBLEU's chrF (character 6-grams, beta 2) over detokenized text, 0-100, as
+    calc_bleu takes them."""
     if len(references) != len(hypotheses):
         raise ValueError("%d references but %d hypotheses" % (len(references), len(hypotheses)))
     return sacrebleu.metrics.CHRF().corpus_score(hypotheses,

@@ -43,8 +43,8 @@ from toolkit import runtime  # noqa: F401
 import tensorflow as tf  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-#: The one translation unit g++ compiles (it includes the others), and every file the build depends
-#: on.
+#: The one translation unit g++ compiles (it includes the others), and every file
+#: the build depends on.
 UNIT = os.path.join(HERE, "csrc", "kernels.cc")
 SOURCES = [os.path.join(HERE, "csrc", name)
            for name in ("residual_dropout_ln.cc", "attention_softmax_dropout.cc",
@@ -138,8 +138,8 @@ def failure_path(path):
 
 
 def remove_stale(path):
-    """Removes this target's builds and remembered failures of older sources (other keys of path's
-    stem)."""
+    """Removes this target's builds and remembered failures of older sources (other keys
+    of path's stem)."""
     stem = os.path.basename(path).rsplit("-", 1)[0]
     for stale in glob.glob(os.path.join(BUILD_DIR, stem + "-*")):
         key, extension = os.path.splitext(stale)
@@ -206,8 +206,7 @@ def build(path):
 @functools.lru_cache(maxsize=None)
 def load():
     """The loaded op library (building it first if build/ lacks it and no failed build of it is
-    remembered).
-    Raises KernelsUnavailable."""
+    remembered). Raises KernelsUnavailable."""
     path = library_path()
     if not os.path.exists(path):
         remembered = remembered_failure(path)
@@ -250,16 +249,16 @@ def resolve_kernels(hp):
 
 
 def dropout_seed():
-    """A fresh (2,) int32 seed per step from the graph's random stream (tf1.set_random_seed repeats
-    it)."""
+    """A fresh (2,) int32 seed per step from the graph's random stream
+    (tf1.set_random_seed repeats it)."""
     return tf.random.uniform([2], maxval=np.iinfo(np.int32).max, dtype=tf.int32)
 
 
 def residual_dropout_ln(inputs, outputs, outputs_bias, gamma, beta, rate, epsilon=1e-6):
     """LN(x + dropout(f + b)) of a post-layer-norm sublayer (Sections 3.1 and 5.4) in one kernel,
     forward and backward; f + b is the sublayer's last dense layer, its bias added here in float32
-    rather than after the product, so that the backward kernel sums the bias's gradient as it writes
-    f's.
+    rather than after the product, so that the backward kernel sums the bias's gradient as
+    it writes f's.
 
     inputs: (..., d) float32, the sublayer's input x. outputs: (..., d) f in float32, bfloat16 or
     float16 (the last product, without its bias). outputs_bias: (d,) float32, b. gamma, beta: (d,)
@@ -311,8 +310,8 @@ def _attention_softmax_dropout_grad(op, _, d_dropped):
 
 
 def smoothed_cross_entropy(logits, labels, logit_means, epsilon):
-    """loss.smoothed_cross_entropy in one kernel that reads the logits in their own dtype (Section
-    5.4).
+    """loss.smoothed_cross_entropy in one kernel that reads the logits in their own
+    dtype (Section 5.4).
 
     logits: (M, V) float32, bfloat16 or float16. labels: (M,) int32. logit_means: (M,) float32, each
     row's mean logit. Returns losses (M,) float32 and p = softmax(logits) (M, V) in the logits'
@@ -322,8 +321,8 @@ def smoothed_cross_entropy(logits, labels, logit_means, epsilon):
 
 
 def embedding_dropout(embedded, encodings, scale, rate):
-    """dropout(embedded * scale + encodings) (Sections 3.4, 3.5 and 5.4) in one kernel, forward and
-    backward.
+    """dropout(embedded * scale + encodings) (Sections 3.4, 3.5 and 5.4) in one kernel, forward
+    and backward.
 
     embedded: (N, T, d) float32, the embedding rows of the ids. encodings: (T, d) float32, the
     positional encodings (no gradient). scale: sqrt(d_model). rate: the dropout rate (a Python
@@ -363,8 +362,8 @@ def scatter_add_rows(total, indices, rows, scale=1.0):
 
 
 def split_heads(x, num_heads, parts=1):
-    """The P = parts projections side by side in x, each split into heads (Section 3.2.2), by one
-    copy.
+    """The P = parts projections side by side in x, each split into heads (Section 3.2.2),
+    by one copy.
 
     x: (N, T, P * d) float32, bfloat16 or float16. Returns a list of P tensors (N*h, T, d/h): what
     modules.fused_heads makes of its product with TensorFlow's ops (P = 1: modules.split_heads)."""
@@ -439,8 +438,8 @@ def check_command(march):
 
 
 def check_target(march):
-    """(True, "") when UNIT compiles for -march=march, else (False, the compiler's first error
-    line)."""
+    """(True, "") when UNIT compiles for -march=march, else (False, the compiler's
+    first error line)."""
     result = subprocess.run(check_command(march), capture_output=True, text=True)
     if result.returncode == 0:
         return True, ""

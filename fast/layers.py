@@ -1,5 +1,5 @@
-"""Building blocks of the Transformer (Vaswani et al., 2017, "Attention Is All You Need") as pure
-graph functions.
+"""Building blocks of the Transformer (Vaswani et al., 2017, "Attention Is All You Need") as
+pure graph functions.
 
 Every function takes tensors and returns tensors; variables are created with
 `tf.compat.v1.get_variable` under the given scope and reused on a second call in the same scope
@@ -53,9 +53,8 @@ def bias_add(rows, bias):
 
 def affine(inputs, kernel, bias, dtype=tf.float32):
     """inputs @ kernel + bias over the last axis. inputs: (..., d_in), any float dtype. kernel:
-    (d_in, units).
-    bias: (units,). dtype: of the product and the outputs (kernel and bias are cast to it). Returns
-    (..., units)."""
+    (d_in, units). bias: (units,). dtype: of the product and the outputs (kernel and bias are cast
+    to it). Returns (..., units)."""
     d_in, units = kernel.shape[0], kernel.shape[1]
     rows = inputs if inputs.shape.rank == 2 else tf.reshape(inputs, [-1, d_in])  # (N*T, d_in)
     # (N*T, units)
@@ -71,8 +70,7 @@ def dense(inputs, units, scope="dense", dtype=tf.float32):
     """Affine map of the last axis (Keras 3 removed tf.compat.v1.layers.dense; this replaces it).
 
     inputs: (..., d_in), any float dtype. dtype: of the product and the outputs (bfloat16 or float16
-    for mixed
-    precision: the variables stay float32 and are cast). Returns (..., units) in dtype.
+    for mixed precision: the variables stay float32 and are cast). Returns (..., units) in dtype.
     Variables `scope/kernel` (d_in, units) and `scope/bias` (units,).
     """
     return affine(inputs, *dense_variables(inputs.shape[-1], units, scope), dtype)
@@ -113,15 +111,15 @@ def fused_heads(inputs, units, scopes, num_heads, dtype=tf.float32, fused_kernel
 
 
 def dropout(inputs, rate, training):
-    """Inverted dropout (Section 5.4), active only when `training` (a Python bool) is True and rate
-    > 0.
+    """Inverted dropout (Section 5.4), active only when `training` (a Python bool) is True and
+    rate > 0.
 
     inputs: any shape. Returns the same shape: each entry zeroed with probability `rate` (rounded to
     a multiple of 2^-16), the others scaled by 1 / (1 - rate). The keep decisions are 16-bit random
     numbers, four per 64-bit random word, half the random bits of tf.nn.dropout's one float per
     entry (docs/log/performance-log.md has the measurement). The words come from a stateless
-    generator seeded from the graph's random stream, so tf1.set_random_seed still makes runs
-    repeatable.
+    generator seeded from the graph's random stream, so tf1.set_random_seed still makes
+    runs repeatable.
     """
     if not training or rate == 0:
         return inputs
@@ -137,11 +135,11 @@ def dropout(inputs, rate, training):
 
 
 def ln(inputs, epsilon=1e-6, scope="ln"):
-    """Layer normalization (Ba et al., 2016) over the last axis, with learned gain `gamma` and bias
-    `beta`.
+    """Layer normalization (Ba et al., 2016) over the last axis, with learned gain `gamma`
+    and bias `beta`.
     inputs: (..., d_model). Returns (..., d_model). The gradient is written out (normalize_rows);
-    modules.ln is the same function left to automatic differentiation, which the tests hold this one
-    to.
+    modules.ln is the same function left to automatic differentiation, which the tests hold
+    this one to.
     """
     with tf1.variable_scope(scope, reuse=tf1.AUTO_REUSE):
         gamma, beta = ln_variables(inputs.shape[-1])
@@ -160,11 +158,11 @@ def normalize_rows(inputs, gamma, beta, epsilon):
     """gamma * (x - mean(x)) / sqrt(var(x) + epsilon) + beta over the last axis, with the gradient
     written out.
 
-    inputs: (..., d). gamma, beta: (d,). Returns (..., d). With x_hat the normalized rows, r =
-    1/sqrt(var + eps) and g the incoming gradient, the input's gradient is r * (G - mean(G) - x_hat
-    * mean(G * x_hat)), G = g * gamma (per row, over the last axis); gamma's is sum(g * x_hat) and
-      beta's sum(g) over all rows. That is about half
-    the elementwise passes of differentiating the moments, subtraction and scaling one by one.
+    inputs: (..., d). gamma, beta: (d,). Returns (..., d). With x_hat the normalized rows,
+    r = 1/sqrt(var + eps) and g the incoming gradient, the input's gradient is
+    r * (G - mean(G) - x_hat * mean(G * x_hat)), G = g * gamma (per row, over the last axis);
+    gamma's is sum(g * x_hat) and beta's sum(g) over all rows. That is about half the elementwise
+    passes of differentiating the moments, subtraction and scaling one by one.
     """
     @tf.custom_gradient
     def forward(x, gain, bias):
@@ -229,13 +227,12 @@ def scaled_dot_product_attention(Q, K, V, key_masks, causality=False, dropout_ra
     Q: (N, T_q, d_k). K: (N, T_k, d_k). V: (N, T_k, d_v); all float32, or all bfloat16 / float16 for
     mixed precision, in which case the products run in that dtype and the scaling, masks and softmax
     in float32.
-    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis), (N or 1, 1,
-    T_k) float32
-        biases, or None (see mask_keys).
+    key_masks: (N', T_k) bool with N a multiple of N' (heads stacked on the batch axis),
+        (N or 1, 1, T_k) float32 biases, or None (see mask_keys).
     causality: if True, query t attends only to keys <= t.
     fused_kernels: in training, the scaling, masks, softmax and dropout, and their gradient, run as
-    one kernel each
-        (kernels.attention_softmax_dropout: the same function, with keep decisions of its own).
+        one kernel each (kernels.attention_softmax_dropout: the same function, with keep decisions
+        of its own).
     Returns outputs (N, T_q, d_v) in V's dtype and attention weights (N, T_q, T_k) float32.
     """
     d_k = Q.shape[-1]
@@ -266,8 +263,8 @@ def attention_biases(key_masks, scores):
 
 
 def split_heads(x, num_heads, fused_kernels=False):
-    """(N, T, d_model) -> (N*h, T, d_model/h): each sentence's heads next to each other on the batch
-    axis.
+    """(N, T, d_model) -> (N*h, T, d_model/h): each sentence's heads next to each other on
+    the batch axis.
     fused_kernels: by kernels.split_heads (the same copy) instead of a transpose."""
     if fused_kernels:
         return split_heads_kernel(x, num_heads)[0]
@@ -279,8 +276,8 @@ def split_heads(x, num_heads, fused_kernels=False):
 
 
 def merge_heads(x, num_heads, fused_kernels=False):
-    """(N*h, T, d_model/h) -> (N, T, d_model); the inverse of split_heads. fused_kernels: by
-    kernels.merge_heads."""
+    """(N*h, T, d_model/h) -> (N, T, d_model); the inverse of split_heads. fused_kernels:
+    by kernels.merge_heads."""
     if fused_kernels:
         return merge_heads_kernel([x], num_heads)
     length, d_head = tf.shape(x)[1], x.shape[-1]
@@ -365,8 +362,8 @@ def attention_sublayer_output(queries, Q, K, V, key_masks, num_heads, causality,
     3.2.2 and 3.1).
 
     queries: (N, T_q, d_model) float32, the sublayer's input x. Q: (N*h, T_q, d_model/h). K, V:
-    (N*h, T_k, d_model/h), split into heads. key_masks: (N, T_k) bool or None. fused_kernels: as for
-    self_attention.
+    (N*h, T_k, d_model/h), split into heads. key_masks: (N, T_k) bool or None.
+    fused_kernels: as for self_attention.
     dropout_rate: on the sublayer's output; attention_dropout: on the attention weights.
     Returns outputs (N, T_q, d_model) float32 and attention (N, h, T_q, T_k).
     """
@@ -390,13 +387,12 @@ def self_attention(inputs, key_masks, num_heads=8, dropout_rate=0., training=Tru
     dropout_rate: on the sublayer's output, before the residual add; attention_dropout: on the
     attention weights.
     dtype: of the projections and the attention products (bfloat16 or float16 for mixed precision:
-    Q, K, V and the
-        heads' outputs stay in it from one product to the next; softmax, residual and layer norm are
-        float32).
+        Q, K, V and the heads' outputs stay in it from one product to the next; softmax, residual
+        and layer norm are float32).
     fused_kernels: while training, the attention's softmax and dropout in one kernel, the residual
-    connection and
-        layer norm in another (scaled_dot_product_attention, projected_sublayer_output), and the
-        heads split and merged by one copy each (fused_heads, merge_heads).
+        connection and layer norm in another (scaled_dot_product_attention,
+        projected_sublayer_output), and the heads split and merged by one copy each
+        (fused_heads, merge_heads).
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T, d_model) and attention weights (N, h, T, T).
     """
@@ -417,9 +413,9 @@ def cross_attention(queries, memory, key_masks, num_heads=8, dropout_rate=0., tr
     (LN(queries) for norm_type "pre"), keys and values from memory, by one matrix product over the k
     and v kernels side by side.
 
-    queries: (N, T_q, d_model). memory: (N, T_k, d_model), the encoder's output. key_masks: (N, T_k)
-    bool, True at padding. dropout_rate, attention_dropout, dtype, fused_kernels: as for
-    self_attention.
+    queries: (N, T_q, d_model). memory: (N, T_k, d_model), the encoder's output.
+    key_masks: (N, T_k) bool, True at padding. dropout_rate, attention_dropout, dtype,
+    fused_kernels: as for self_attention.
     Variables: `scope/{q,k,v,o}/{kernel,bias}` and `scope/ln/{gamma,beta}`.
     Returns outputs (N, T_q, d_model) and attention weights (N, h, T_q, T_k).
     """
@@ -442,8 +438,8 @@ def ff(inputs, num_units, scope="positionwise_feedforward", dropout_rate=0., tra
     layer norm (Section 3.1).
 
     inputs: (N, T, d_model). num_units: [d_ff, d_model]. dtype: of the matrix products and of the
-    (N, T, d_ff) hidden activations between them. fused_kernels: as for self_attention
-    (projected_sublayer_output).
+    (N, T, d_ff) hidden activations between them.
+    fused_kernels: as for self_attention (projected_sublayer_output).
     dropout_rate: on the sublayer's output, before the residual add; relu_dropout: on the hidden
     activations (tensor2tensor's relu_dropout; the paper has none).
     Variables: `scope/inner/*`, `scope/outer/*`, `scope/ln/*`. Returns (N, T, d_model).

@@ -10,8 +10,8 @@ from fast import kernels
 
 
 def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
-    """Cross entropy against q = label_smoothing(one_hot(labels)) from one softmax, building no (M,
-    V) targets.
+    """Cross entropy against q = label_smoothing(one_hot(labels)) from one softmax, building no
+    (M, V) targets.
 
     With p = softmax(logits), lse the log-sum-exp of a row and y its label: -sum_v q_v log p_v
     = lse - (1 - epsilon) logits[y] - epsilon mean_v(logits), and lse = logits[y] - log p_y, so the

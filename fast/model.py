@@ -6,8 +6,8 @@ the methods it overrides:
   - encode / decode / loss: the stacks of fast.layers in the compute dtype of --precision, and the
     output layer's loss in chunks of rows (fast.loss.output_loss), with no (tokens, V) logits;
   - with --kernels fused, the embedding and its dropout in one kernel and the shared embedding's
-    gradients summed in place (tied_embeddings), and Adam's update in one pass per variable
-    (optimizer);
+    gradients summed in place (tied_embeddings), and Adam's update in one pass
+    per variable (optimizer);
   - cached_decoder: the decoder one position at a time over a cache of keys and values that grows in
     chunks and is written in place (decoding.grow_cache, write_in_place), with the memory's keys and
     values projected once.
@@ -32,8 +32,8 @@ COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 def tied_embeddings(embeddings):
     """The shared embedding matrix (Section 3.4) under two names: one for the output projection, one
-    for the embedding lookups of both stacks, with the gradients of both summed by
-    kernels.scatter_add_rows.
+    for the embedding lookups of both stacks, with the gradients of both
+    summed by kernels.scatter_add_rows.
 
     Left to TensorFlow, each lookup's gradient (the rows of its ids) becomes a dense (V, d_model)
     tensor and the three are added: three passes over (V, d_model) more. Here the lookups' rows are
@@ -52,8 +52,8 @@ def tied_embeddings(embeddings):
 
 
 class FastTransformer(Transformer):
-    """model.Transformer on the fast path: the same variables, the same functions, fewer passes over
-    memory."""
+    """model.Transformer on the fast path: the same variables, the same functions, fewer
+    passes over memory."""
 
     def __init__(self, config):  # Transformer.__init__'s embedding, tied here
         self.config = config  # a ModelConfig
@@ -80,8 +80,8 @@ class FastTransformer(Transformer):
         return dropout(embedded * scale + encodings, rate, training)
 
     def _final_ln(self, outputs):
-        """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones are normalized
-        already."""
+        """Pre-layer-norm stacks end with one more layer norm; post-layer-norm ones
+        are normalized already."""
         return ln(outputs, scope="final_ln") if self.config.norm_type == "pre" else outputs
 
     def encode(self, xs, training=True):
@@ -182,8 +182,8 @@ class FastTransformer(Transformer):
     def loss(self, xs, ys):
         """Label-smoothed cross entropy summed over the non-pad target tokens, their count, and the
         last block's cross-attention (N, h, T2, T1). loss_sum / token_count is the per-token
-        training loss. Logits are computed for the non-pad tokens only, a chunk of rows at a time
-        (loss.output_loss)."""
+        training loss. Logits are computed for the non-pad tokens only, a chunk of rows at
+        a time (loss.output_loss)."""
         memory, src_masks = self.encode(xs)
         decoder_input, y, _ = ys
         # (N, T2, d_model)
@@ -200,8 +200,8 @@ class FastTransformer(Transformer):
         """Cross-attention keys and values of every decoder block, computed and split into heads
         once per batch.
 
-        memory: (B, T1, d_model). Returns a list of num_blocks pairs (K, V), each (B*h, T1,
-        d_model/h).
+        memory: (B, T1, d_model). Returns a list of num_blocks pairs (K, V), each
+        (B*h, T1, d_model/h).
         """
         projections = []
         with tf1.variable_scope("decoder", reuse=True):
@@ -213,9 +213,9 @@ class FastTransformer(Transformer):
         return projections
 
     def _self_attention_kernels(self):
-        """Each decoder block's q, k and v kernels side by side, (d_model, 3 d_model), and biases (3
-        d_model,), in the compute dtype: concatenated and cast once per batch, outside the decoding
-        loop."""
+        """Each decoder block's q, k and v kernels side by side, (d_model, 3 d_model), and biases
+        (3 d_model,), in the compute dtype: concatenated and cast once per batch, outside the
+        decoding loop."""
         kernels = []
         with tf1.variable_scope("decoder", reuse=True):
             for i in range(self.config.num_blocks):
@@ -226,11 +226,11 @@ class FastTransformer(Transformer):
         return kernels
 
     def _one_query_attention(self, queries, Q, K, V, key_masks):
-        """The rest of an attention sublayer (scope: the current one) for one query position per
-        row.
+        """The rest of an attention sublayer (scope: the current one) for one query
+        position per row.
 
-        queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected. K, V: (B*h, T_k,
-        d_model/h).
+        queries: (B, d_model), the sublayer's input. Q: (B, d_model), projected.
+        K, V: (B*h, T_k, d_model/h).
         key_masks: (B*h, 1, T_k) or (1, 1, T_k) float32 biases of fast.layers.key_biases.
         Returns (B, d_model).
         """
@@ -245,16 +245,16 @@ class FastTransformer(Transformer):
         return sublayer_output(queries, outputs, cfg.norm_type, 0.0, False)
 
     def _cached_self_attention(self, dec, step, K, V, parents, qkv_kernel, rows, future):
-        """Self-attention of position `step` over the cache, which it first extends by its own key
-        and value.
+        """Self-attention of position `step` over the cache, which it first extends by
+        its own key and value.
 
         dec: (B, d_model). K, V: (B, h, L, d_model/h), the cache (L > step). parents: (B,) the rows
-        of the cache each row continues (beam search's reordering), or None. qkv_kernel: (kernel,
-        bias) of _self_attention_kernels.
+        of the cache each row continues (beam search's reordering), or None.
+        qkv_kernel: (kernel, bias) of _self_attention_kernels.
         rows: (B*h,) the row of position `step` of each (sentence, head) in the cache seen as
         (B*h*L, d_model/h).
-        future: (1, 1, L) float32 biases of fast.layers.key_biases, masking the positions after
-        `step`.
+        future: (1, 1, L) float32 biases of fast.layers.key_biases, masking the
+        positions after `step`.
         Returns (B, d_model) and the new cache K, V.
         """
         cfg = self.config
@@ -276,23 +276,22 @@ class FastTransformer(Transformer):
 
     def _cached_step(self, tokens, step, cache, parents, qkv_kernels, memory_kv, src_masks,
                      output_kernel):
-        """Runs the decoder on ONE new position, reusing the self-attention keys/values of earlier
-        steps.
+        """Runs the decoder on ONE new position, reusing the self-attention keys/values
+        of earlier steps.
 
         tokens: (B,) the previous output ids (or <s>). step: scalar int32, their position.
         cache: list of num_blocks pairs (K, V), each (B, h, L, d_model/h), the self-attention keys
-        and values of
-            positions 0..step-1 and zeros after (sentence-major, so that beam search can reorder
-            them by sentence). L is a multiple of CACHE_CHUNK: the cache grows by CACHE_CHUNK
-            positions when a step reaches its end (grow_cache), so attention reads about as many
-            positions as were decoded, and each shape serves CACHE_CHUNK steps.
-        parents: (B,) int32, the cache rows the B rows continue (beam search), or None (greedy: row
-        i continues i).
+            and values of positions 0..step-1 and zeros after (sentence-major, so that beam search
+            can reorder them by sentence). L is a multiple of CACHE_CHUNK: the cache grows by
+            CACHE_CHUNK positions when a step reaches its end (grow_cache), so attention reads about
+            as many positions as were decoded, and each shape serves CACHE_CHUNK steps.
+        parents: (B,) int32, the cache rows the B rows continue (beam search), or None
+            (greedy: row i continues i).
         qkv_kernels: _self_attention_kernels(). memory_kv: list of num_blocks pairs (K, V), each
             (B*h, T1, d_model/h). src_masks: (B*h, 1, T1) biases (fast.layers.key_biases).
         output_kernel: _output_kernel().
-        Returns logits (B, V) and the cache with position `step` written, each (B, h, L',
-        d_model/h).
+        Returns logits (B, V) and the cache with position `step` written, each
+        (B, h, L', d_model/h).
         """
         cfg = self.config
         cache = grow_cache(cache, step)

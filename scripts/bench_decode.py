@@ -13,19 +13,18 @@ length limit per batch: the longest of its sentences').
 
 Decoders: the reference path's greedy (model.Transformer in float32, its cache appended to by concatenation; left
 out with --no_reference), the model's cached greedy (--impl fast: FastTransformer's), cached beam 4, and, when the
-ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same
-weights converted (ctranslate2_engine.py) and run with float32 and with int8 weights, on as many threads.
+ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same weights converted
+(ctranslate2_engine.py) and run with float32 and with int8 weights, on as many threads.
 
 The first --sentences source lines of the eval (dev) split are sorted by length and cut into batches of
 --batch_size sentences. Each decoder runs once on the first batch untimed (TensorFlow optimizes the graph on the
 first run), then over every batch, timed, the decoders taking turns batch by batch (a change in the machine's load
 hits all alike). Reports sentences/s and target tokens/s (</s> included) per decoder, the ratios of ours to
 CTranslate2 float32, the share of sentences on which CTranslate2 float32 greedy gives our cached greedy's output
-(with random weights: its first --max_steps - 1 tokens),
-graph_build_s (building the cached greedy graph: model, encoder, decoding loop), first_run_s (its first
-session.run on one batch), peak_rss_mb, the CPU and its ISA flags, and a 2048x2048 fp32 matmul's GFLOP/s measured
-in the same run. With --profile K it traces K runs of cached greedy and of beam 4 on the first batch and adds the
-time per op type, in ms per run. The last line is one JSON object.
+(with random weights: its first --max_steps - 1 tokens), graph_build_s (building the cached greedy graph: model,
+encoder, decoding loop), first_run_s (its first session.run on one batch), peak_rss_mb, the CPU and its ISA flags,
+and a 2048x2048 fp32 matmul's GFLOP/s measured in the same run. With --profile K it traces K runs of cached greedy
+and of beam 4 on the first batch and adds the time per op type, in ms per run. The last line is one JSON object.
 """
 import argparse
 import collections

@@ -1,7 +1,6 @@
 """Load benchmark of serve.py on both engines: 1, 8 and 32 concurrent clients send one sentence per request for
---seconds each, to serve.py on the checkpoint (tensorflow) and on its CTranslate2 export (--ct2_model, or the
-checkpoint exported now in int8); then translate.py's decoding translates the same sentences in batches, for
-comparison.
+--seconds each, to serve.py on the checkpoint (tensorflow) and on its CTranslate2 export (--ct2_model, or the checkpoint
+exported now in int8); then translate.py's decoding translates the same sentences in batches, for comparison.
 
     python scripts/bench_serve.py --logdir runs/multi30k [--input FILE] [--seconds 10] [--clients 1,8,32]
         [--serve_flags "--batch_wait_ms 5"] [decoding flags of translate.py, e.g. --beam_size 4, for both]
@@ -241,9 +240,8 @@ EXPORTS = []
 
 
 def language_pair(server):
-    """The model's (source, target) languages, as the server's /languages says: sent as they are,
-    since "auto" would time the language detector too and refuse a sentence it takes for another
-    language."""
+    """The model's (source, target) languages, as the server's /languages says: sent as they are, since "auto" would
+    time the language detector too and refuse a sentence it takes for another language."""
     connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
     connection.request("GET", "/languages")
     languages = json.loads(connection.getresponse().read())

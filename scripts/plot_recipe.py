@@ -114,8 +114,8 @@ def update(path, lines):
     except OSError as error:
         raise UserError("cannot read %s: %s" % (path, error.strerror)) from None
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise UserError("%s must hold the line %s once, then the line %s once: the generated tables go between "
-                        "them" % (path, BEGIN, END))
+        raise UserError("%s must hold the line %s once, then the line %s once: the generated "
+                        "tables go between them" % (path, BEGIN, END))
     before, rest = text.split(BEGIN)
     after = rest.split(END)[1]
     atomic_write(path, before + BEGIN + "\n" + "\n".join(lines) + "\n" + END + after)

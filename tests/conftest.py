@@ -20,8 +20,7 @@ def tiny_model(tmp_path_factory):
     """(logdir, data_dir) of a 1-block model trained 60 steps on 2000 generated pairs (vocabulary of 300 pieces,
     --maxlen1 TINY_MODEL_MAXLEN1) in fp32 on every CPU (tests compare its translations with CTranslate2's float32
     ones; --precision auto would train and decode in bf16 on a CPU with bfloat16), trained once for the whole
-    session. Tests only read it: anything they write
-    goes elsewhere (--testdir, --export_dir)."""
+    session. Tests only read it: anything they write goes elsewhere (--testdir, --export_dir)."""
     return train_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
 

@@ -205,8 +205,8 @@ def test_float16_training_scales_the_loss_and_learns():
 
 
 def expected_variables(d_model=32, d_ff=64, vocab_size=40):
-    """name -> shape of every trainable variable of a 1-block model: the checkpoint format of
-    docs/checkpoint-format.md."""
+    """name -> shape of every trainable variable of a 1-block model: the checkpoint format
+    of docs/checkpoint-format.md."""
     ln = {"ln/gamma": [d_model], "ln/beta": [d_model]}
     attention = {**ln, **{"%s/%s" % (p, v): ([d_model, d_model] if v == "kernel" else [d_model])
                           for p in "qkvo" for v in ("kernel", "bias")}}

@@ -284,9 +284,9 @@ def test_sigint_and_sigterm_save_the_current_step_and_resume_there(data_dir, tmp
 @pytest.mark.parametrize("signum, where", [(signal.SIGINT, "dev decode"), (signal.SIGTERM, "save")])
 def test_a_stop_during_a_dev_decode_or_a_save_is_acknowledged_and_saves_one_checkpoint(trained, tmp_path, capfd,
                                                                                         monkeypatch, signum, where):
-    """The signal arrives in the middle of the dev decode of epoch 2 (which is abandoned at once) or of the save
-    after it (which is finished): one line says so, the weights of step 30 are saved once, and the exit code is the
-    signal's."""
+    """The signal arrives in the middle of the dev decode of epoch 2 (which is abandoned at once) or of the save after
+    it (which is finished): one line says so, the weights of step 30 are saved once, and the exit code
+    is the signal's."""
     logdir = copy_logdir(trained, tmp_path / "run")
     target, name = (train, "get_hypotheses") if where == "dev decode" else (tf1.train.Saver, "save")
     real = getattr(target, name)
@@ -477,9 +477,9 @@ def test_mismatched_or_damaged_checkpoints_give_one_clear_line(data_dir, trained
 
 
 def test_every_test_line_gets_one_hypothesis_in_order(data_dir, trained, tmp_path, capsys):
-    """EDGE_TEST: empty lines, a 450-word line, unseen characters, line separators, Windows line endings and no
-    final newline. (Invalid UTF-8 is refused by prepro with file and line: tests/test_prepro.py
-    test_invalid_utf8_names_file_and_line.)"""
+    """EDGE_TEST: empty lines, a 450-word line, unseen characters, line separators, Windows line endings and no final
+    newline. (Invalid UTF-8 is refused by prepro with file and line:
+    tests/test_prepro.py test_invalid_utf8_names_file_and_line.)"""
     code, out, err = run_in_process(capsys, "test.py", test_cli.main, "--logdir", trained, "--testdir", tmp_path)
     assert code == 0, err
     hypotheses = (tmp_path / "hypotheses.txt").read_text(encoding="utf-8").split("\n")
