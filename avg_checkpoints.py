@@ -20,15 +20,17 @@ avg_) are never averaged again. They are for testing and translating, not for re
 """
 import os
 
-from toolkit import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import runtime  # first: TensorFlow's environment defaults
 
 import numpy as np
 import tensorflow as tf
 
-from toolkit.errors import DiskFull, OneLineParser, UserError, run_cli, writing
-from toolkit.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged, load_trained_hparams,
-                            logdir_lock, open_checkpoint, reading, remove_partial_checkpoints)
-from toolkit.outputs import check_writable_dir
+from toolkit.base.errors import DiskFull, UserError, writing
+from toolkit.base.cli import OneLineParser, run_cli
+from toolkit.training.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged,
+                                     load_trained_hparams, logdir_lock, open_checkpoint, reading,
+                                     remove_partial_checkpoints)
+from toolkit.base.writing import check_writable_dir
 
 tf1 = tf.compat.v1
 

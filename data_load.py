@@ -36,12 +36,12 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
-from toolkit.bpe_dropout import Merges, segment_lines, seeded_draw
-from toolkit.datadir import bpe_model_path, bpe_vocab_path, has_ids, split_paths
-from toolkit.idsfile import read_ids, release_pages
+from toolkit.data.bpe_dropout import Merges, segment_lines, seeded_draw
+from toolkit.data.datadir import bpe_model_path, bpe_vocab_path, has_ids, split_paths
+from toolkit.base.ids import read_ids, release_pages
 # PAD_ID: for the tools that import it from here
-from toolkit.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
-from toolkit.textfiles import iter_lines, read_lines  # noqa: F401
+from toolkit.base.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
+from toolkit.base.reading import iter_lines, read_lines  # noqa: F401
 
 
 def load_vocab(vocab_fpath):

@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from toolkit.ids import BOS_ID, EOS_ID, PAD_ID
+from toolkit.base.ids import BOS_ID, EOS_ID, PAD_ID
 
 #: Stands in for log(0) in decoding: finite, so sums and differences never turn into NaN.
 NEG_INF = -1e9

@@ -21,14 +21,15 @@ text with tensorflow and sentencepiece alone.
 
 --format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16),
 bpe.model, and translate.json (the decoding settings and the model's source length limit) for
-`translate.py --engine ctranslate2 --model EXPORT_DIR`; see toolkit/ctranslate2_engine.py.
+`translate.py --engine ctranslate2 --model EXPORT_DIR`; see
+toolkit/translating/ctranslate2_engine.py.
 
 --format argos writes the .argosmodel file EXPORT_DIR, an Argos Translate package that
-LibreTranslate serves; see toolkit/argos_package.py and docs/serving.md.
+LibreTranslate serves; see toolkit/translating/argos_package.py and docs/serving.md.
 """
 import os
 
-from toolkit import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import runtime  # first: TensorFlow's environment defaults
 
 import contextlib
 import shlex
@@ -37,13 +38,14 @@ import tensorflow as tf
 
 from data_load import Sources
 from hparams import TRAINED_FLAGS_HINT
-from toolkit import argos_package, ctranslate2_engine
-from toolkit.errors import OneLineParser, UserError, run_cli, writing
-from toolkit.ids import PAD_ID
-from toolkit.logdir import pinned_checkpoint
-from toolkit.outputs import check_writable_dir
-from toolkit.staging import staging_dir
-from toolkit.trained_model import TrainedModel, trained_hparams
+from toolkit.translating import argos_package, ctranslate2_engine
+from toolkit.base.cli import OneLineParser, run_cli
+from toolkit.base.errors import UserError, writing
+from toolkit.base.ids import PAD_ID
+from toolkit.training.logdir import pinned_checkpoint
+from toolkit.base.writing import check_writable_dir
+from toolkit.base.writing import staging_dir
+from toolkit.translating.trained_model import TrainedModel, trained_hparams
 
 tf1 = tf.compat.v1
 
@@ -144,8 +146,8 @@ def save_model(sess, export_dir, inputs, outputs, asset):
 
 @contextlib.contextmanager
 def export_staging(export_dir):
-    """The staging directory of an export, beside export_dir (toolkit.staging.staging_dir: those of
-    killed exports are removed first); a full disk is a line naming export_dir and its
+    """The staging directory of an export, beside export_dir (toolkit.base.writing.staging_dir:
+    those of killed exports are removed first); a full disk is a line naming export_dir and its
     free space."""
     parent = os.path.dirname(os.path.realpath(export_dir))
     os.makedirs(parent, exist_ok=True)

@@ -10,9 +10,10 @@ import argparse
 import json
 import math
 
-from toolkit.datadir import MANIFEST_NAME
-from toolkit.errors import OneLineParser, UserError
-from toolkit.textfiles import type_problem
+from toolkit.data.datadir import MANIFEST_NAME
+from toolkit.base.cli import OneLineParser
+from toolkit.base.errors import UserError
+from toolkit.base.reading import type_problem
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its
 #: own flags): where the model and data are, how to decode, and how to run. Everything else comes
@@ -121,6 +122,11 @@ class Hparams:
                                 "(padding included); sentences: batch_size sentences per batch")
         group.add_argument("--batch_size", type=int, default=4096,
                            help="tokens per batch (batch_type tokens) or sentences per batch")
+        group.add_argument("--accum_steps", type=int, default=1,
+                           help="batches per optimizer step: their gradients are summed and "
+                                "divided by all their target tokens, so that N batches make the "
+                                "update of one N times larger (gradient accumulation); steps, "
+                                "--max_steps, --warmup_steps and the summaries count updates")
         group.add_argument("--bucket_growth", type=float, default=0.05,
                            help="batch_type tokens: each bucket's padded width is this fraction "
                                 "wider than the last, once that exceeds one token (0.05: widths 1 "
@@ -233,6 +239,22 @@ class Hparams:
                            help="sentences per decoding batch")
 
 
+class ResolvedHparams(argparse.Namespace):
+    """Flags once they are resolved (resolved()): read-only, so that every part of a run sees the
+    values it was started with."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError("--%s is resolved once, before anything is built; it can not change "
+                             "to %r" % (name, value))
+
+
+def resolved(hp, **values):
+    """hp (a Namespace of flags) with values put in, read-only from then on (ResolvedHparams)."""
+    frozen = ResolvedHparams()
+    vars(frozen).update({**vars(hp), **values})
+    return frozen
+
+
 class _NotGiven:
     """The value of every flag before parsing, in parse_flags: a flag that keeps it was not on the
     command line."""
@@ -294,7 +316,8 @@ RANGES = {
     "dropout_rate": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
     "attention_dropout": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
     "relu_dropout": in_range(0, 1 - 2 ** -17, "at least 0 and below 1"),
-    "batch_size": at_least(1), "bucket_growth": at_least(0), "num_epochs": at_least(1),
+    "batch_size": at_least(1), "accum_steps": at_least(1), "bucket_growth": at_least(0),
+    "num_epochs": at_least(1),
     "max_steps": at_least(0), "max_minutes": at_least(0),
     "lr": (lambda value: value > 0, "above 0"), "warmup_steps": at_least(1),
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),

@@ -1,10 +1,10 @@
 """The Transformer (Vaswani et al., 2017) composed from modules.py as TF1 graph builders.
 
-    model = build_transformer(ModelConfig.from_flags(hp))
+    model = fast.build_transformer(ModelConfig.from_flags(hp))
         # --impl: Transformer, or fast.model.FastTransformer
     memory, src_masks = model.encode(xs)                     # (N, T1, d_model), (N, T1)
     logits, y_hat, y, attention = model.decode(ys, memory, src_masks)
-    loss, train_op, grads, attention = model.train(xs, ys, optimizer, global_step, token_count)
+    loss, grads_and_vars, attention = model.train(xs, ys, optimizer, token_count)
     ids, scores, summaries = model.eval(xs, settings)
         # dev translations (decoding.translate), a summary
 
@@ -35,7 +35,7 @@ from hparams import MODEL_DEFAULTS
 from modules import (dropout, ff, get_token_embeddings, label_smoothing, ln, multihead_attention,
                      positional_encoding)
 # for the modules that import them from here
-from toolkit.ids import BOS_ID, EOS_ID, PAD_ID  # noqa: F401
+from toolkit.base.ids import BOS_ID, EOS_ID, PAD_ID  # noqa: F401
 
 tf1 = tf.compat.v1
 
@@ -184,23 +184,19 @@ class Transformer:
         nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)
         return tf.reduce_sum(losses * nonpadding), tf.reduce_sum(nonpadding), attention
 
-    def train(self, xs, ys, optimizer, global_step, token_count):
-        """One training step on a batch: the loss per target token, and Adam's update
-        of every weight.
+    def train(self, xs, ys, optimizer, token_count):
+        """The loss of a batch and its gradients: the label-smoothed loss summed over the non-pad
+        target tokens, divided by token_count (the batch's tokens; the global batch's when a replica
+        takes a part of it, so that the replicas' losses add up to the batch's), or left a sum where
+        token_count is None (accumulated batches: toolkit.training.step divides the sum of their
+        gradients by all their tokens). optimizer: toolkit.training.step.make_optimizer's.
 
-        optimizer: make_optimizer's. global_step: incremented by the update. token_count: the
-        non-pad target tokens the loss is divided by (those of xs, ys; or of the global batch when
-        distributed.py gives each replica a part of it, so that the replicas' losses add up to the
-        batch's). Returns the loss, the train op, the gradients (dense, in the order of
-        optimizer.compute_gradients) and the cross-attention (N, h, T2, T1).
+        Returns the loss, optimizer.compute_gradients of it ((gradient, variable) pairs) and the
+        cross-attention (N, h, T2, T1).
         """
         loss_sum, _, attention = self.loss(xs, ys)
-        loss = loss_sum / (token_count + 1e-7)
-        grads_and_vars = optimizer.compute_gradients(loss)
-        # the embedding's IndexedSlices made dense
-        grads = [tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]
-        train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-        return loss, train_op, grads, attention
+        loss = loss_sum if token_count is None else loss_sum / (token_count + 1e-7)
+        return loss, optimizer.compute_gradients(loss), attention
 
     # ---------------------------------------------------------------- inference
     def cached_decoder(self, memory, src_masks):

@@ -5,10 +5,10 @@
 
 draws DIR/positional_encoding.png and, per sentence, DIR/NNNN.png with the cross-attention heads of
 the last decoder block, and prints the translations: translate.py --plot_attention DIR with the
-sentences given. The heat maps are drawn by toolkit/attention_plots.py.
+sentences given. The heat maps are drawn by toolkit/translating/attention_plots.py.
 """
-from toolkit.errors import OneLineParser, run_cli
-from toolkit.outputs import check_writable_dir
+from toolkit.base.cli import OneLineParser, run_cli
+from toolkit.base.writing import check_writable_dir
 
 
 def main(argv=None):
@@ -29,9 +29,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_writable_dir(args.dir, "dir")
     import translate  # TensorFlow only once the command line is known to be good
-    from toolkit import runtime
-    from toolkit.attention_plots import check_plot_dir
-    from toolkit.trained_model import read_dirs, trained_hparams
+    from toolkit.base import runtime
+    from toolkit.translating.attention_plots import check_plot_dir
+    from toolkit.translating.trained_model import read_dirs, trained_hparams
     runtime.start_graph_mode()  # before anything of TensorFlow's runs
     check_plot_dir(args.dir, "dir", {}, read_dirs(trained_hparams(args.logdir, {})))
     return translate.main(["--logdir", args.logdir, "--plot_attention", args.dir]

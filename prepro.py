@@ -26,17 +26,17 @@ import time
 from pathlib import Path
 
 from hparams import HPARAMS_NAME
-from toolkit.corpora import FILE_FLAGS, SPLITS, file_splits, log, reversed_corpus
-from toolkit.corpora.download import IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits, multi30k_splits
-from toolkit.corpora.numbers import numbers_corpus
-from toolkit.databuild import build_data_dir, read_bpe_model
-from toolkit.datadir import (DEFAULT_LANGUAGES, MANIFEST_NAME, check_build_owned, check_data_dir,
-                             check_inputs_kept)
-from toolkit.errors import (USER_ERROR_EXIT_CODE, OneLineParser, UserError, error_line,
-                            interrupted_exit_code, report,
-                    run_cli)
-from toolkit.ids import SPECIAL_PIECES
-from toolkit.outputs import check_not_owned, check_writable_dir
+from toolkit.data.corpora import FILE_FLAGS, SPLITS, file_splits, log, reversed_corpus
+from toolkit.data.corpora.download import (IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits,
+                                           multi30k_splits)
+from toolkit.data.corpora.numbers import numbers_corpus
+from toolkit.data.build import build_data_dir, read_bpe_model
+from toolkit.data.datadir import (DEFAULT_LANGUAGES, MANIFEST_NAME, check_build_owned,
+                                  check_data_dir, check_inputs_kept)
+from toolkit.base.errors import USER_ERROR_EXIT_CODE, UserError, error_line, report
+from toolkit.base.cli import OneLineParser, interrupted_exit_code, run_cli
+from toolkit.base.ids import SPECIAL_PIECES
+from toolkit.base.writing import check_not_owned, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}

@@ -36,7 +36,7 @@ goes to standard error.
 """
 import os
 
-from toolkit import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import runtime  # first: TensorFlow's environment defaults
 
 import asyncio
 import signal
@@ -47,16 +47,17 @@ import traceback
 from aiohttp import web
 
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from toolkit.batcher import ApiError
-from toolkit.errors import UserError, run_cli
-from toolkit.front_door import (ApiRunner, check_flags, connection_logger, expect_handler,
-                                read_fields, shown)
-from toolkit.trained_model import decoding_flags, trained_hparams
-from toolkit.ctranslate2_engine import exported_hparams
-from toolkit.drop_in import (TranslatedFiles, cors_headers, cors_origins, frontend_settings,
-                             uploaded_document)
-from toolkit.language_detection import candidates, language_name
-from toolkit.translation_service import Service, nonnegative_int, translation_body
+from toolkit.serving.batcher import ApiError
+from toolkit.base.errors import UserError
+from toolkit.base.cli import run_cli
+from toolkit.serving.requests import (ApiRunner, check_flags, connection_logger, expect_handler,
+                                      read_fields, shown)
+from toolkit.translating.trained_model import decoding_flags, trained_hparams
+from toolkit.translating.ctranslate2_engine import exported_hparams
+from toolkit.serving.libretranslate import (TranslatedFiles, cors_headers, cors_origins,
+                                            frontend_settings, uploaded_document)
+from toolkit.serving.service import candidates, language_name
+from toolkit.serving.service import Service, nonnegative_int, translation_body
 
 
 #: The page served at /.

@@ -12,7 +12,7 @@ TESTDIR/files.json are written instead, with one line per pair printed.
 """
 import os
 
-from toolkit import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import runtime  # first: TensorFlow's environment defaults
 
 import json
 import time
@@ -21,13 +21,14 @@ import tensorflow as tf
 
 from data_load import eval_order, get_batch
 from hparams import DECODING_FLAGS, Hparams, parse_flags
-from toolkit.datadir import split_paths
-from toolkit.errors import UserError, run_cli
-from toolkit.outputs import atomic_write, check_output_dir, check_writable_dir
-from toolkit.sentences import best_translations, read_pair
-from toolkit.textfiles import read_lines
-from toolkit.trained_model import TrainedModel, read_dirs, trained_hparams
-from toolkit.translator import Translator
+from toolkit.data.datadir import split_paths
+from toolkit.base.errors import UserError
+from toolkit.base.cli import run_cli
+from toolkit.base.writing import atomic_write, check_output_dir, check_writable_dir
+from toolkit.translating.sentences import best_translations, read_pair
+from toolkit.base.reading import read_lines
+from toolkit.translating.trained_model import TrainedModel, read_dirs, trained_hparams
+from toolkit.translating.translator import Translator
 from utils import calc_bleu, calc_chrf, get_hypotheses
 
 tf1 = tf.compat.v1
@@ -45,9 +46,8 @@ def parse_args(argv):
     group.add_argument("--ref", nargs="+", default=[], metavar="FILE",
                        help="the reference translation of each --src file, line by line")
     args, given = parse_flags(parser, argv)
-    hp = trained_hparams(args.logdir, given)
-    hp.src, hp.ref = args.src, args.ref
-    hp.testdir = hp.testdir or os.path.join(hp.logdir, "test")
+    hp = trained_hparams(args.logdir, given, src=args.src, ref=args.ref,
+                         testdir=args.testdir or os.path.join(args.logdir, "test"))
     # before the decode, which a bad --testdir would waste
     check_writable_dir(hp.testdir, "testdir")
     written = {os.path.basename(path) for path in output_paths(hp)}

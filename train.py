@@ -14,7 +14,8 @@ import time
 
 STARTED = time.time()  # before TensorFlow is imported: start-up time counts from here
 
-from toolkit import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import machine
 
 import contextlib
 import math
@@ -25,25 +26,27 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from hparams import Hparams, check_ranges, parse_flags
-from toolkit import distributed
-from toolkit.budget import Budget
-from toolkit.datadir import (MANIFEST_NAME, bpe_model_path, check_vocab, fingerprint, load_manifest,
-                             split_paths)
-from toolkit.early_stop import check_patience, early_stop, nothing_to_do
-from toolkit.errors import DiskFull, UserError, is_disk_full, run_cli
-from toolkit.implementation import resolve_kernels
-from toolkit.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present, load_trained_hparams,
-                            logdir_lock, read_best, record_dev_bleu, remove_partial_checkpoints,
-                            save_hparams, save_variable_specs, trained_data_dir)
-from toolkit.outputs import atomic_write, check_not_owned, check_writable_dir
-from toolkit.stop_request import StopNow, StopRequest
-from toolkit.textfiles import read_lines
-from toolkit.train_checkpoints import (disk_full, init_checkpoint, last_good_checkpoint,
-                                       restore_or_init, save)
-from toolkit.train_flags import (check_init_vocab, check_resume_init, init_model_flags, init_source,
-                                 with_config)
-from toolkit.train_graph import build_graph
+from hparams import Hparams, check_ranges, parse_flags, resolved
+from toolkit.training import distributed
+from toolkit.training.stopping import Budget
+from toolkit.data.datadir import (MANIFEST_NAME, bpe_model_path, check_vocab, fingerprint,
+                                  load_manifest, split_paths)
+from toolkit.training.stopping import check_patience, early_stop, nothing_to_do
+from toolkit.base.errors import DiskFull, UserError, is_disk_full
+from toolkit.base.cli import run_cli
+from fast import resolved_kernels
+from toolkit.training.logdir import (HPARAMS_NAME, EventsFile, check_hparams_present,
+                                     load_trained_hparams, logdir_lock, read_best, record_dev_bleu,
+                                     remove_partial_checkpoints, save_hparams, save_variable_specs,
+                                     trained_data_dir)
+from toolkit.base.writing import atomic_write, check_not_owned, check_writable_dir
+from toolkit.training.stopping import StopNow, StopRequest
+from toolkit.base.reading import read_lines
+from toolkit.training.checkpoints import (disk_full, init_checkpoint, last_good_checkpoint,
+                                          restore_or_init, save)
+from toolkit.training.flags import (check_init_vocab, check_resume_init, init_model_flags,
+                                    init_source, with_config)
+from toolkit.training.graph import build_graph
 from utils import Progress, calc_bleu, get_hypotheses
 
 tf1 = tf.compat.v1
@@ -79,11 +82,11 @@ def resolve_hparams(argv):
     manifest = load_manifest(hp.data_dir, trained_on, hp.logdir, ("train", "eval"))
     if trained_on:
         check_vocab(hp, manifest, trained_on)
-    vars(hp).update(fingerprint(hp.data_dir, manifest))
+    hp = resolved(hp, **fingerprint(hp.data_dir, manifest),
+                  precision=machine.resolved_precision(hp.impl, hp.precision),
+                  kernels=resolved_kernels(hp.impl, hp.kernels))
     if source:
         check_init_vocab(hp, source)
-    runtime.resolve_precision(hp)
-    resolve_kernels(hp)
     return hp, manifest
 
 
@@ -138,43 +141,44 @@ def train_epoch(sess, g, epoch, epoch_step, writer, summary_every, stop, budget)
     stop request of any of them. Writes the training summaries with writer at every global step that
     is a multiple of summary_every.
 
-    Returns (batches done in this epoch, mean loss, target tokens/s, global step).
-    Raises FloatingPointError on a non-finite loss, or when the weights or optimizer slots are not
-    finite at the end (a non-finite gradient in the last step), so that they are never saved.
+    Each step trains on --accum_steps batches (fewer at the end of the epoch): a stop request is
+    honoured between steps, never between the batches of one. Returns (batches done in this epoch,
+    mean loss, target tokens/s, global step). Raises FloatingPointError on a non-finite loss, or
+    when the weights or optimizer slots are not finite at the end (a non-finite gradient in the
+    last step), so that they are never saved.
     """
     sess.run(g.train_init, {g.epoch: epoch, g.skip: epoch_step})
     total = g.train_num_batches(epoch)
     losses, tokens, start = [], 0, time.time()
     step = sess.run(g.step.global_step)
     progress = Progress(total, "epoch %d" % (epoch + 1), initial=epoch_step, unit="batches")
-    # the same at every step
-    fetches = [g.step.train_op, g.step.loss, g.target_tokens, g.step.summaries]
     while step < budget.last_step():
-        any_signal, out_of_time = distributed.agree_to_stop(sess, g.step, stop.signal,
+        any_signal, out_of_time = distributed.agree_to_stop(sess, g.votes, stop.signal,
                                                             time.time() >= budget.deadline)
         if any_signal:
             stop.signal = stop.signal or "a stop request of another worker"
         if any_signal or out_of_time:
             break
         try:
-            _, loss, batch_tokens, summaries = sess.run(
-                fetches, {g.step.write_summaries: (step + 1) % summary_every == 0})
+            loss, batch_tokens, batches, summaries = g.step.run(sess,
+                                                                (step + 1) % summary_every == 0)
         except tf.errors.OutOfRangeError:
             break
         step += 1
         if not math.isfinite(loss):
             progress.close()
             raise FloatingPointError("loss is %s at step %d (epoch %d)" % (loss, step, epoch + 1))
-        if summaries:
-            writer.add_summary(summaries, step)
-        epoch_step += 1
+        for summary in summaries:
+            writer.add_summary(summary, step)
+        epoch_step += batches
         budget.after_step(step)
         losses.append(loss)
         # once an epoch: the session's first step optimized the graph; hand back what it freed
         if len(losses) == 1:
-            runtime.release_freed_memory()
+            machine.release_freed_memory()
         tokens += batch_tokens
-        progress.update(loss="%.3f" % loss, tok_s="%.0f" % (tokens / (time.time() - start)))
+        progress.update(batches, loss="%.3f" % loss,
+                        tok_s="%.0f" % (tokens / (time.time() - start)))
     progress.close()
     if not sess.run(g.weights_finite):
         raise FloatingPointError("the weights are not finite after step %d (epoch %d)"
@@ -194,7 +198,7 @@ def main(argv=None):
         if chief and os.path.isdir(logdir):
             lock.enter_context(logdir_lock(logdir))
         hp, manifest = resolve_hparams(argv)
-        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
+        cluster = distributed.make_cluster(hp, machine.session_config(hp))
         g = build_graph(hp, manifest, cluster)
         check_splits(g, hp)
         init_ckpt = init_checkpoint(hp)
@@ -220,7 +224,7 @@ def train(hp, manifest, cluster, g, init_ckpt=None):
     references = read_lines(split_paths(hp.data_dir, manifest, "eval")["raw2"])
     if cluster.is_chief:
         remove_partial_checkpoints(hp.logdir)
-    runtime.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
+    machine.release_library_pages()  # TensorFlow's start-up code, run once: out of the resident set
     with StopRequest() as stop, tf1.Session(cluster.target, config=cluster.config) as sess:
         last_ckpt = restore_or_init(sess, g, hp.logdir, init_ckpt)
         epoch, epoch_step = (int(v) for v in sess.run(g.training_state))
@@ -269,7 +273,7 @@ def train_loop(sess, g, hp, cluster, stop, budget, events, sp, references, last_
     step = sess.run(g.step.global_step)
     saved_step = step if last_ckpt else None
     while epoch < hp.num_epochs and step < budget.last_step() and not (
-            distributed.agree_to_stop(sess, g.step, stop.signal,
+            distributed.agree_to_stop(sess, g.votes, stop.signal,
                                       time.time() >= budget.deadline)[1]):
         start = time.time()
         epoch_step, loss, tokens_per_s, step = train_epoch(sess, g, epoch, epoch_step,

@@ -53,18 +53,22 @@ import functools
 import math
 import sys
 
-from toolkit import runtime  # first: TensorFlow's environment defaults
+from toolkit.base import runtime  # first: TensorFlow's environment defaults
 
 from data_load import run_in_length_batches
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
-from toolkit import ctranslate2_engine, datadir, paragraphs
-from toolkit.errors import UserError, run_cli
-from toolkit.ids import EOS_ID
-from toolkit.outputs import atomic_file, check_not_an_input, check_writable_file
-from toolkit.sentences import (output_lines, prepare, prepare_line, read_input, read_pair, report,
-                               stdin_lines, translated_lines, translation_entries)
-from toolkit.trained_model import TrainedModel, decoding_flags, read_dirs, trained_hparams
-from toolkit.translator import Translator, ctranslate2_translator
+from toolkit.data import datadir
+from toolkit.translating import ctranslate2_engine, documents
+from toolkit.base.errors import UserError
+from toolkit.base.cli import run_cli
+from toolkit.base.ids import EOS_ID
+from toolkit.base.writing import atomic_file, check_not_an_input, check_writable_file
+from toolkit.translating.sentences import (output_lines, prepare, prepare_line, read_input,
+                                           read_pair, report, stdin_lines, translated_lines,
+                                           translation_entries)
+from toolkit.translating.trained_model import (TrainedModel, decoding_flags, read_dirs,
+                                               trained_hparams)
+from toolkit.translating.translator import Translator, ctranslate2_translator
 
 
 # ---------------------------------------------------------------- flags
@@ -128,7 +132,8 @@ def parse_args(argv):
         check_writable_file(args.output, "output")
         check_not_an_input(args.output, "output", inputs, dirs)
     if args.plot_attention:
-        from toolkit.attention_plots import check_plot_dir  # matplotlib, when plots are asked for
+        # matplotlib, when plots are asked for
+        from toolkit.translating.attention_plots import check_plot_dir
         check_plot_dir(args.plot_attention, "plot_attention", inputs, dirs)
     if args.nbest > hp.beam_size:
         raise UserError("--nbest %d needs --beam_size %d or more (now %d)"
@@ -166,7 +171,7 @@ def ctranslate2_hparams(args, given):
 def attention_plots(directory, sp, d_model):
     """The writer of --plot_attention DIR's PNGs (matplotlib is imported only when plots
     are asked for)."""
-    from toolkit.attention_plots import AttentionPlots
+    from toolkit.translating.attention_plots import AttentionPlots
     return AttentionPlots(directory, sp, d_model)
 
 
@@ -237,7 +242,7 @@ def main(argv=None):
     limit = hp.maxlen1 - 1  # pieces, leaving room for </s>
     # each sentence of a line translated alone, unless --no_split
     split = None if args.no_split else functools.partial(
-        paragraphs.split, lang=datadir.languages(recorded)[0])
+        documents.split, lang=datadir.languages(recorded)[0])
     with contextlib.ExitStack() as stack:
         stack.callback(translator.close)
         # --output FILE is written beside FILE and renamed into place at the end: an interruption

@@ -13,8 +13,8 @@ import numpy as np
 import sacrebleu
 from tqdm import tqdm
 
-from toolkit import runtime
-from toolkit.ids import EOS_ID, PAD_ID
+from toolkit.base import machine
+from toolkit.base.ids import EOS_ID, PAD_ID
 
 
 def postprocess(ids, sp):
@@ -60,7 +60,7 @@ def get_hypotheses(sess, init_op, ids_op, x_seqlen_op, num_batches, order, sp, d
         # the graph's first run in this session optimized it: hand back the memory that freed
         if batch == 0:
             first_summary = out.get("summary")
-            runtime.release_freed_memory()
+            machine.release_freed_memory()
     progress.close()
     in_line_order = [""] * len(order)
     for line, hypothesis in zip(order, hypotheses):
@@ -84,10 +84,10 @@ class Progress:
         self.start = self.last_line = time.time()
         self.postfix = ""
 
-    def update(self, **postfix):
-        """One more unit done; postfix: values to show (e.g. loss="2.31")."""
-        self.done += 1
-        self.bar.update(1)
+    def update(self, units=1, **postfix):
+        """units more done; postfix: values to show (e.g. loss="2.31")."""
+        self.done += units
+        self.bar.update(units)
         if postfix:
             self.bar.set_postfix(**postfix)
             self.postfix = ", ".join("%s %s" % item for item in postfix.items())

@@ -22,7 +22,7 @@ processes fall back to TensorFlow's ops at once with the same line. `python -m f
 fast.layers (projected_sublayer_output, scaled_dot_product_attention, the heads' fused_heads,
 split_heads, merge_heads), fast.loss.output_loss, and fast.model.FastTransformer's embedding and its
 gradient (tied_embeddings) and optimizer (OnePassAdam) use these kernels in training when the
-model's config says "fused" (--kernels, resolved by resolve_kernels); the TensorFlow ops they
+model's config says "fused" (--kernels, resolved by fast.resolved_kernels); the TensorFlow ops they
 replace stay the reference that tests/test_kernels.py holds them to.
 """
 import argparse
@@ -39,7 +39,7 @@ import tempfile
 import numpy as np
 
 # first: TensorFlow's environment defaults, its start-up lines filtered
-from toolkit import runtime  # noqa: F401
+from toolkit.base import runtime  # noqa: F401
 import tensorflow as tf  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -237,15 +237,13 @@ def choose_kernels(requested, has_gpu):
     return "fused", None
 
 
-def resolve_kernels(hp):
-    """Replaces hp.kernels "auto" by "fused" or "tf" (choose_kernels), printing why when it falls
-    back. The reference implementation (--impl reference) runs none of them: "tf"."""
-    if hp.impl == "reference":
-        hp.kernels = "tf"
-        return
-    hp.kernels, note = choose_kernels(hp.kernels, bool(tf.config.list_physical_devices("GPU")))
+def chosen_kernels(requested):
+    """--kernels "auto", "fused" or "tf" resolved on this machine (choose_kernels), printing why
+    when it falls back."""
+    kernels, note = choose_kernels(requested, bool(tf.config.list_physical_devices("GPU")))
     if note:
         print(note, file=sys.stderr)
+    return kernels
 
 
 def dropout_seed():

@@ -6,7 +6,7 @@ the tests hold this one to.
 """
 import tensorflow as tf
 
-from fast import kernels
+import fast.kernels as kernels
 
 
 def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):

@@ -22,7 +22,7 @@ from fast.layers import (affine, cross_attention, dense, dropout, ff, fused_dens
 from fast.loss import output_loss
 from model import Transformer
 from modules import get_token_embeddings, positional_encoding
-from toolkit.ids import PAD_ID
+from toolkit.base.ids import PAD_ID
 
 tf1 = tf.compat.v1
 
@@ -142,7 +142,7 @@ class FastTransformer(Transformer):
 
     @staticmethod
     def optimizer(config, lr):
-        """Adam as toolkit.implementation.make_optimizer asks for it: with --kernels fused each
+        """Adam as toolkit.training.step.make_optimizer asks for it: with --kernels fused each
         variable's update is one kernel (fast.kernels.OnePassAdam: the same update, bit for bit)."""
         adam = OnePassAdam if config.kernels == "fused" else tf1.train.AdamOptimizer
         return adam(lr, beta1=0.9, beta2=0.98, epsilon=1e-9)

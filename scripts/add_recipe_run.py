@@ -20,16 +20,17 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from toolkit import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
+from toolkit.base import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
 
 import recipe_table  # noqa: E402
 from data_load import epoch_pairs, trained_target_tokens  # noqa: E402
-from toolkit.datadir import check_vocab, load_manifest  # noqa: E402
-from toolkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
+from toolkit.data.datadir import check_vocab, load_manifest  # noqa: E402
+from toolkit.base.cli import OneLineParser, run_cli  # noqa: E402
+from toolkit.base.errors import UserError
 from hparams import Hparams  # noqa: E402
-from toolkit.logdir import checkpoint_state, load_trained_hparams, trained_data_dir  # noqa: E402
-from toolkit.outputs import atomic_write  # noqa: E402
-from toolkit.textfiles import read_json  # noqa: E402
+from toolkit.training.logdir import checkpoint_state, load_trained_hparams, trained_data_dir  # noqa: E402
+from toolkit.base.writing import atomic_write  # noqa: E402
+from toolkit.base.reading import read_json  # noqa: E402
 from toolkit.version import __version__  # noqa: E402
 
 #: train.py flags that may differ between a run and its candidate: where things are, when training stops (the

@@ -28,15 +28,16 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import machine
 
 import tensorflow as tf  # noqa: E402
 
 from bench_train import matmul_gflops  # noqa: E402
 from data_load import get_batch  # noqa: E402
-from toolkit.datadir import MANIFEST_NAME, load_manifest  # noqa: E402
+from toolkit.data.datadir import MANIFEST_NAME, load_manifest  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from toolkit.textfiles import iter_lines  # noqa: E402
+from toolkit.base.reading import iter_lines  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -139,7 +140,7 @@ def pipeline_rates(data_dir, batches, train_flags):
                                      hp.batch_size, shuffle=True, batch_type=hp.batch_type, seed=hp.seed,
                                      growth=hp.bucket_growth, bpe_dropout=hp.bpe_dropout)
         target_tokens = tf.reduce_sum(tf1.data.make_one_shot_iterator(dataset.repeat()).get_next()[1][2])
-        with tf1.Session(config=runtime.session_config(hp)) as sess:
+        with tf1.Session(config=machine.session_config(hp)) as sess:
             sess.run(target_tokens)
             start, tokens = time.time(), 0
             for _ in range(batches):
@@ -182,8 +183,8 @@ def main(argv=None):
     result["pipeline_batches_per_s"], result["pipeline_tgt_tokens_per_s"] = pipeline_rates(
         big, args.pipeline_batches, train_flags)
     result.update({"steps": args.steps, "train_flags": " ".join(train_flags),
-                   "matmul_gflops_per_s": matmul_gflops(runtime.session_config(Hparams().parser.parse_args(train_flags))),
-                   **runtime.machine_summary()})
+                   "matmul_gflops_per_s": matmul_gflops(machine.session_config(Hparams().parser.parse_args(train_flags))),
+                   **machine.machine_summary()})
     print(json.dumps({key: round(value, 2) if isinstance(value, float) else value for key, value in result.items()}))
 
 

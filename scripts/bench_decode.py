@@ -37,20 +37,21 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import machine
 
 import tensorflow as tf  # noqa: E402
 
-from toolkit import ctranslate2_engine  # noqa: E402
+from toolkit.translating import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, Sources, load_side, pad  # noqa: E402
-from toolkit.datadir import bpe_model_path, load_manifest  # noqa: E402
+from toolkit.data.datadir import bpe_model_path, load_manifest  # noqa: E402
 from decoding import DecodingSettings, translate  # noqa: E402
-from hparams import Hparams  # noqa: E402
-from toolkit.trained_model import TrainedModel, trained_hparams  # noqa: E402
+from hparams import Hparams, resolved  # noqa: E402
+from toolkit.translating.trained_model import TrainedModel, trained_hparams  # noqa: E402
 from model import ModelConfig, Transformer  # noqa: E402
-from toolkit.implementation import build_transformer  # noqa: E402
-from toolkit.errors import run_cli  # noqa: E402
+from fast import build_transformer  # noqa: E402
+from toolkit.base.cli import run_cli  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -86,9 +87,8 @@ def model_hparams(args):
         return hp, TrainedModel(hp, hp.ckpt)
     hp = Hparams().parser.parse_args(BENCH_MODEL + ["--data_dir", args.data_dir, "--threads", str(args.threads),
                                                     "--max_len_a", "0", "--max_len_b", str(args.max_steps)])
-    hp.vocab_size = load_manifest(args.data_dir)["vocab_size"]
-    runtime.resolve_precision(hp)
-    return hp, None
+    return resolved(hp, vocab_size=load_manifest(args.data_dir)["vocab_size"],
+                    precision=machine.resolved_precision(hp.impl, hp.precision)), None
 
 
 def load_batches(data_dir, num_sentences, batch_size):
@@ -123,7 +123,7 @@ def ctranslate2_decoders(sess, hp, bpe_model, model_dir, args):
     forced = None if args.logdir else args.max_steps + 1  # engine.decode counts the step that may only give </s>
     decoders = {}
     for compute_type, name in (("float32", "fp32"), ("int8", "int8")):
-        engine = ctranslate2_engine.Translator(model_dir, DecodingSettings.from_flags(hp), hp.test_batch_size,
+        engine = ctranslate2_engine.CTranslate2Translator(model_dir, DecodingSettings.from_flags(hp), hp.test_batch_size,
                                                compute_type=compute_type,
                                                threads=args.threads or os.cpu_count())
         for beam in (1, BEAM):
@@ -190,7 +190,7 @@ def main(argv=None):
     args = parse_args(argv)
     runtime.start_graph_mode()
     hp, trained = model_hparams(args)
-    config = runtime.session_config(hp)
+    config = machine.session_config(hp)
     matmul = matmul_gflops(config)
     batches = load_batches(hp.data_dir, args.sentences, args.batch_size)
     x, x_seqlen = tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None])
@@ -254,7 +254,7 @@ def main(argv=None):
         "weights": args.logdir or "random", "max_steps": None if args.logdir else args.max_steps,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "num_heads": hp.num_heads,
         "vocab_size": hp.vocab_size, "precision": hp.precision, "threads": args.threads or os.cpu_count(),
-        "matmul_gflops_per_s": round(matmul, 1), **runtime.machine_summary(),
+        "matmul_gflops_per_s": round(matmul, 1), **machine.machine_summary(),
     })
     print(json.dumps(result))
     return 0

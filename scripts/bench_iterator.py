@@ -2,7 +2,7 @@
 
     python scripts/bench_iterator.py --data_dir data/multi30k [--rounds 6] [model and batching flags of train.py]
 
-Builds toolkit.train_graph.build_graph as train.py does, then repeats: initialize the training data (the round's epoch), run 3
+Builds toolkit.training.graph.build_graph as train.py does, then repeats: initialize the training data (the round's epoch), run 3
 training steps, initialize the dev data, decode 2 dev batches. The steps and batches are there so that each
 initializer replaces an iterator in use, as between train.py's epochs and before its dev decodes; their own times
 are not the point. The last line is one JSON object: the seconds of every initializer call, and the longest after
@@ -16,13 +16,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import machine
 
 import tensorflow as tf  # noqa: E402
 
-from toolkit import distributed  # noqa: E402
+from toolkit.training import distributed  # noqa: E402
 import train  # noqa: E402
-from toolkit.train_graph import build_graph  # noqa: E402
+from toolkit.training.graph import build_graph  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -40,7 +41,7 @@ def main(argv=None):
     runtime.start_graph_mode()
     with tempfile.TemporaryDirectory() as logdir:
         hp, manifest = train.resolve_hparams(argv + ["--logdir", logdir])
-        cluster = distributed.make_cluster(hp, runtime.session_config(hp))
+        cluster = distributed.make_cluster(hp, machine.session_config(hp))
         g = build_graph(hp, manifest, cluster)
         train_init, eval_init = [], []
         with tf1.Session(cluster.target, config=cluster.config) as sess:
@@ -48,7 +49,7 @@ def main(argv=None):
             for epoch in range(args.rounds):
                 train_init.append(timed(sess, g.train_init, {g.epoch: epoch, g.skip: 0}))
                 for _ in range(3):
-                    sess.run(g.step.train_op)
+                    sess.run(g.step.batch["update"])
                 eval_init.append(timed(sess, g.eval_init))
                 for _ in range(2):
                     sess.run(g.eval_ids)

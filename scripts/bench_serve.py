@@ -30,9 +30,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from toolkit import runtime  # noqa: E402 (first of the project's modules: TensorFlow's environment defaults)
-from toolkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
-from toolkit.textfiles import read_lines  # noqa: E402
+from toolkit.base import runtime  # noqa: E402 (first of the project's modules: TensorFlow's environment defaults)
+from toolkit.base import machine
+from toolkit.base.cli import OneLineParser, run_cli  # noqa: E402
+from toolkit.base.errors import UserError
+from toolkit.base.reading import read_lines  # noqa: E402
 
 #: Multi30k's test sources, in the shared data beside the repository.
 DEFAULT_INPUT = os.path.join(ROOT, "..", "shared", "data", "multi30k", "test.de")
@@ -138,8 +140,8 @@ def load_level(server, pair, sentences, clients, seconds):
 def translate_py_speed(decoding_flags, sentences):
     """translate.py's sentences/s over sentences: its translate_all, timed without loading the model."""
     import translate
-    from toolkit.trained_model import TrainedModel
-    from toolkit.translator import Translator
+    from toolkit.translating.trained_model import TrainedModel
+    from toolkit.translating.translator import Translator
     runtime.start_graph_mode()
     hp, args = translate.parse_args(decoding_flags)
     trained = TrainedModel(hp, hp.ckpt)
@@ -160,7 +162,7 @@ def matmul_reading(decoding_flags):
     from bench_train import matmul_gflops
     runtime.start_graph_mode()
     hp, _ = translate.parse_args(decoding_flags)
-    return round(matmul_gflops(runtime.session_config(hp)), 1)
+    return round(matmul_gflops(machine.session_config(hp)), 1)
 
 
 def build_parser():
@@ -199,7 +201,7 @@ def main(argv=None):
     print("translate.py: %(sentences_per_s).1f sentences/s over %(sentences)d sentences" % reference, flush=True)
     first = next(iter(engines.values()))
     ratio = first["levels"][-1]["sentences_per_s"] / reference["sentences_per_s"]
-    print(json.dumps({"machine": runtime.machine_summary(), "matmul_gflops_per_s": matmul_reading(flags + ["eins"]),
+    print(json.dumps({"machine": machine.machine_summary(), "matmul_gflops_per_s": matmul_reading(flags + ["eins"]),
                       "seconds": args.seconds, **first, "engines": engines, "translate_py": reference,
                       "ratio": round(ratio, 3)}))
     return 0

@@ -33,17 +33,20 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from toolkit import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import runtime  # noqa: E402  (first: TensorFlow's environment defaults)
+from toolkit.base import machine
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from toolkit import distributed  # noqa: E402
-from toolkit.errors import UserError, run_cli  # noqa: E402
+from toolkit.training import distributed  # noqa: E402
+from toolkit.base.errors import UserError  # noqa: E402
+from toolkit.base.cli import run_cli
 from data_load import epoch_pairs, input_fn  # noqa: E402
-from toolkit.datadir import load_manifest  # noqa: E402
-from hparams import Hparams  # noqa: E402
-from toolkit.implementation import resolve_kernels  # noqa: E402
+from toolkit.data.datadir import load_manifest  # noqa: E402
+from hparams import Hparams, resolved  # noqa: E402
+from toolkit.training.step import build_step  # noqa: E402
+from fast import resolved_kernels  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
 
@@ -113,10 +116,9 @@ def resolve_hparams(train_flags):
     and the data dir's manifest."""
     hp = Hparams().parser.parse_args(train_flags)
     manifest = load_manifest(hp.data_dir)
-    hp.vocab_size = manifest["vocab_size"]
-    runtime.resolve_precision(hp)
-    resolve_kernels(hp)
-    return hp, manifest
+    return resolved(hp, vocab_size=manifest["vocab_size"],
+                    precision=machine.resolved_precision(hp.impl, hp.precision),
+                    kernels=resolved_kernels(hp.impl, hp.kernels)), manifest
 
 
 def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
@@ -125,7 +127,7 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
     --max_steps, --profile); matmuls: the 2048^2 matmuls read in this process ({dtype: GFLOP/s}, read when first
     needed), which the result compares the model against (mfu_fields), or None for a result without them;
     built(seconds) is called once the graph is built."""
-    config = runtime.session_config(hp)
+    config = machine.session_config(hp)
     start = time.time()
     with tf.Graph().as_default() as graph:
         tf1.set_random_seed(hp.seed)
@@ -137,7 +139,7 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
         if args.batches:  # the same few batches over and over: after their first pass every step is timed
             batches = batches.take(args.batches).cache()
         xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
-        train_op = distributed.build_train(distributed.make_cluster(hp, config), hp, xs, ys).train_op
+        train_op = build_step(hp, xs, ys, distributed.make_cluster(hp, config)).batch["update"]
         shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]
         init = tf1.global_variables_initializer()
     graph_build_s = time.time() - start
@@ -189,7 +191,7 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
         "impl": hp.impl, "precision": hp.precision, "kernels": hp.kernels, "batch_type": hp.batch_type,
         "batch_size": hp.batch_size,
         "d_model": hp.d_model, "d_ff": hp.d_ff, "num_blocks": hp.num_blocks, "vocab_size": hp.vocab_size,
-        **runtime.machine_summary(), "onednn_isa": runtime.onednn_isa(),
+        **machine.machine_summary(), "onednn_isa": machine.onednn_isa(),
         "allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
     }
     if profile:

@@ -23,8 +23,9 @@ import matplotlib.ticker  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recipe_table  # noqa: E402
-from toolkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
-from toolkit.outputs import atomic_file, atomic_write, check_not_an_input, check_writable_file  # noqa: E402
+from toolkit.base.cli import OneLineParser, run_cli  # noqa: E402
+from toolkit.base.errors import UserError
+from toolkit.base.writing import atomic_file, atomic_write, check_not_an_input, check_writable_file  # noqa: E402
 
 OUTPUT = os.path.join(recipe_table.ROOT, "docs", "recipe_bleu_vs_tokens.png")
 #: The lines that enclose the generated tables in a Markdown file (--update).

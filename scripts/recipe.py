@@ -51,10 +51,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import recipe_table  # noqa: E402
-from toolkit import runtime  # noqa: E402
-from toolkit.datadir import load_manifest, split_paths  # noqa: E402
-from toolkit.errors import UserError, run_cli  # noqa: E402
-from toolkit.idsfile import OFFSETS_DTYPE, map_file  # noqa: E402
+from toolkit.base import runtime  # noqa: E402,F401  (first: TensorFlow's environment defaults)
+from toolkit.base import machine
+from toolkit.data.datadir import load_manifest, split_paths  # noqa: E402
+from toolkit.base.errors import UserError  # noqa: E402
+from toolkit.base.cli import run_cli
+from toolkit.base.ids import OFFSETS_DTYPE, map_file  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from model_flops import forward_flops  # noqa: E402
 
@@ -124,8 +126,8 @@ def read_json(path):
 def matmul_gflops():
     """A 2048x2048 fp32 matmul's speed here, in GFLOP/s (scripts/bench_train.py's reference), in a subprocess."""
     code = ("import sys; sys.path.insert(0, 'scripts'); import bench_train, hparams; "
-            "from toolkit import runtime; "
-            "print(bench_train.matmul_gflops(runtime.session_config(hparams.Hparams().parser.parse_args([]))))")
+            "from toolkit.base import machine; "
+            "print(bench_train.matmul_gflops(machine.session_config(hparams.Hparams().parser.parse_args([]))))")
     output = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(output.stdout.strip().splitlines()[-1])
 
@@ -537,7 +539,7 @@ def main(argv=None):
         "bleu_greedy": bleu["greedy"], "bleu_beam": bleu["beam"],
         "steps": epochs[-1][1], "epochs": epochs[-1][1] / steps_per_epoch,
         "tgt_tokens_per_s": sum(e[2] for e in epochs) / len(epochs), "precision": hparams["precision"],
-        "machine": runtime.machine_summary(), "matmul_gflops_per_s": matmul_gflops(),
+        "machine": machine.machine_summary(), "matmul_gflops_per_s": matmul_gflops(),
         "seconds": {phase: round(s, 1) for phase, s in seconds.items()}, "recipe": choice["flags"],
         "beam_size": BEAM_SIZE, "alpha": LENGTH_PENALTY, "logdir": logdir, "direction": args.direction,
     }

@@ -24,7 +24,7 @@ from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from toolkit.errors import UserError  # noqa: E402
+from toolkit.base.errors import UserError  # noqa: E402
 from hparams import Hparams, range_error  # noqa: E402
 
 TABLE_PATH = os.path.join(ROOT, "scripts", "recipe_table.json")

@@ -1,13 +1,13 @@
 """The whole suite runs in TF1 graph mode, as the command-line tools do: tests that build their own tf.Graph and
 tests that call train.main()/test.main() in the same process must not mix eager and graph tensors. TensorFlow's
-environment defaults (toolkit/runtime.py) are set before it is imported, as in the tools.
+environment defaults (toolkit/base/runtime.py) are set before it is imported, as in the tools.
 
 The tests that need a trained model share tiny_model, trained once per session. A test that needs a trained model
 (tiny_model, or test_reliability.py's trained) is marked slow: the quick tier,
 `bash scripts/test.sh -m "not slow"`, trains nothing but a few steps inside single tests."""
 import pytest
 
-from toolkit import runtime  # noqa: F401
+from toolkit.base import runtime  # noqa: F401
 import tensorflow as tf
 
 from model_fixtures import train_tiny_model

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from toolkit.errors import run_cli
+from toolkit.base.cli import run_cli
 
 
 def run_in_process(capsys, name, main, *args):

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from toolkit import distributed
+from toolkit.training import distributed
+from toolkit.training.step import build_step
 from data_load import Sources, Targets
 from fast import kernels
 from model import BOS_ID, EOS_ID, ModelConfig
-from toolkit.implementation import build_transformer
+from fast import build_transformer
 from modules import label_smoothing
 
 tf1 = tf.compat.v1
@@ -20,7 +21,7 @@ TINY_MODEL_MAXLEN1 = 20
 
 SMALL = dict(vocab_size=40, d_model=32, d_ff=64, num_blocks=2, num_heads=4, dropout_rate=0.0, attention_dropout=None,
              relu_dropout=0.0, norm_type="post", smoothing=0.0, lr=3e-3, lr_schedule="noam", warmup_steps=50,
-             impl="fast", precision="fp32", kernels="tf")
+             impl="fast", precision="fp32", kernels="tf", accum_steps=1)
 
 
 def small_hp(**overrides):
@@ -75,9 +76,9 @@ def run_graph(build_fn):
 
 
 def train_step(hp, ph):
-    """train.py's training step (--distribute none) over the placeholders ph: a distributed.TrainStep."""
+    """train.py's training step (--distribute none) over the placeholders ph: a step.TrainStep."""
     cluster = distributed.make_cluster(SimpleNamespace(distribute="none"), tf1.ConfigProto())
-    return distributed.build_train(cluster, hp, ph.xs, ph.ys)
+    return build_step(hp, ph.xs, ph.ys, cluster)
 
 
 def one_hot_smoothed_cross_entropy(logits, labels, vocab_size, epsilon=0.1):

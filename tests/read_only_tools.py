@@ -16,7 +16,7 @@ import avg_checkpoints  # noqa: E402
 import export  # noqa: E402
 import test  # noqa: E402
 import train  # noqa: E402
-from toolkit.errors import run_cli  # noqa: E402
+from toolkit.base.cli import run_cli  # noqa: E402
 
 
 def outcome(main, *args):

@@ -20,8 +20,8 @@ import export
 import translate
 from in_process import run_in_process
 from model_fixtures import train_tiny_model
-from toolkit import argos_package
-from toolkit.errors import UserError
+from toolkit.translating import argos_package
+from toolkit.base.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 LT_VENV = ROOT / ".venv-lt"

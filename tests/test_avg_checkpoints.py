@@ -8,10 +8,10 @@ import tensorflow as tf
 import avg_checkpoints
 from model import SCHEDULE_TOTAL_STEPS
 from model_fixtures import build, small_hp, train_step
-from toolkit.errors import UserError
+from toolkit.base.errors import UserError
 from hparams import Hparams
 from in_process import run_in_process
-from toolkit.logdir import find_checkpoint, restore, save_hparams
+from toolkit.training.logdir import find_checkpoint, restore, save_hparams
 
 tf1 = tf.compat.v1
 

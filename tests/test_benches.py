@@ -13,8 +13,8 @@ import bench_data  # noqa: E402
 import bench_iterator  # noqa: E402
 import bench_train  # noqa: E402
 from data_load import get_batch  # noqa: E402
-from toolkit.datadir import load_manifest  # noqa: E402
-from toolkit.errors import UserError  # noqa: E402
+from toolkit.data.datadir import load_manifest  # noqa: E402
+from toolkit.base.errors import UserError  # noqa: E402
 
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "500",
         "--threads", "1"]

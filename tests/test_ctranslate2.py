@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from toolkit import ctranslate2_engine
+from toolkit.translating import ctranslate2_engine
 from decoding import DecodingSettings, translate
 from model_fixtures import build, random_ids, small_hp
 

@@ -11,13 +11,13 @@ import sentencepiece as spm
 import tensorflow as tf
 
 import prepro
-from toolkit.bpe_dropout import Merges, seeded_draw, segment_lines, segment_word
+from toolkit.data.bpe_dropout import Merges, seeded_draw, segment_lines, segment_word
 from data_load import (BOS_ID, EOS_ID, UNK_ID, bucket_widths, epoch_pairs, eval_order, generator_fn, get_batch,
                        load_side, load_vocab, pad, plan_batches, sampled_side, select_pairs, text_ids,
                        trained_target_tokens)
-from toolkit.datadir import bpe_model_path, load_manifest, split_paths
-from toolkit.errors import UserError
-from toolkit.idsfile import IdsWriter, ids_dtype, read_ids
+from toolkit.data.datadir import bpe_model_path, load_manifest, split_paths
+from toolkit.base.errors import UserError
+from toolkit.base.ids import IdsWriter, ids_dtype, read_ids
 
 tf1 = tf.compat.v1
 

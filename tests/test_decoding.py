@@ -22,7 +22,7 @@ def decoding(request):
     with graph.as_default():
         model, ph = build(hp)
         trained = request.param == "trained"
-        train_op = train_step(hp, ph).train_op if trained else None
+        train_op = train_step(hp, ph).batch["update"] if trained else None
         ops = {
             "cached": translate(model, ph.xs, DecodingSettings(alpha=0.6)),
             "cached_alpha0": translate(model, ph.xs, DecodingSettings(alpha=0.0)),

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from toolkit import distributed
+from toolkit.training import distributed, step
 from data_load import Sources, Targets
 from model_fixtures import Placeholders, random_ids, small_hp
-from toolkit.errors import UserError
+from toolkit.base.errors import UserError
 
 tf1 = tf.compat.v1
 
@@ -44,14 +44,19 @@ def summary_values(serialized):
             else np.array([value.image.height, value.image.width]) for value in summary.value}
 
 
+def train_graph(cluster, hp, ph):
+    """train.py's step and the cluster's votes over the placeholders ph."""
+    return SimpleNamespace(step=step.build_step(hp, ph.xs, ph.ys, cluster), votes=distributed.build_votes(cluster))
+
+
 def train_steps(sess, g, ph):
     """Runs one training step per global batch. Returns the losses (STEPS,), every variable by name, and the
     training summaries of the first batch before its step (by tag, see summary_values), which are empty where
     write_summaries is fed False."""
     batches = global_batches()
-    assert sess.run(g.summaries, {**ph.feed(*batches[0]), g.write_summaries: False}) == b""
-    summaries = summary_values(sess.run(g.summaries, ph.feed(*batches[0])))
-    losses = [sess.run([g.loss, g.train_op], ph.feed(x, y))[0] for x, y in batches]
+    assert sess.run(g.step.batch["summaries"], {**ph.feed(*batches[0]), g.step.write_summaries: False}) == b""
+    summaries = summary_values(sess.run(g.step.batch["summaries"], ph.feed(*batches[0])))
+    losses = [sess.run([g.step.batch["loss"], g.step.batch["update"]], ph.feed(x, y))[0] for x, y in batches]
     variables = tf1.global_variables()
     return np.array(losses), dict(zip([v.name for v in variables], sess.run(variables))), summaries
 
@@ -65,20 +70,20 @@ def run_worker(ckpt, out):
     tf1.set_random_seed(100 + task_index)
     cluster = distributed.make_cluster(SimpleNamespace(distribute="multiworker"), tf1.ConfigProto())
     ph = Placeholders()
-    g = distributed.build_train(cluster, small_hp(**HP), ph.xs, ph.ys)
+    g = train_graph(cluster, small_hp(**HP), ph)
     init, saver = tf1.global_variables_initializer(), tf1.train.Saver()
     with tf1.Session(cluster.target, config=cluster.config) as sess:
         try:
-            distributed.agree_on_checkpoint(sess, g, "logdir/E01-100" if task_index else "logdir/E02-200")
+            distributed.agree_on_checkpoint(sess, g.votes, "logdir/E01-100" if task_index else "logdir/E02-200")
             disagreement_found = False
         except UserError:
             disagreement_found = True
-        distributed.agree_on_checkpoint(sess, g, None)
+        distributed.agree_on_checkpoint(sess, g.votes, None)
         sess.run(init)
         initial = sess.run(tf1.trainable_variables()[0])
-        distributed.agree_on_checkpoint(sess, g, ckpt)
+        distributed.agree_on_checkpoint(sess, g.votes, ckpt)
         saver.restore(sess, ckpt)
-        stop_votes = distributed.agree_to_stop(sess, g, "SIGTERM" if task_index else None, False)
+        stop_votes = distributed.agree_to_stop(sess, g.votes, "SIGTERM" if task_index else None, False)
         losses, variables, summaries = train_steps(sess, g, ph)
     np.savez(out, losses=losses, initial=initial, is_chief=cluster.is_chief, process_index=cluster.process_index,
              disagreement_found=disagreement_found, stop_votes=stop_votes,
@@ -138,7 +143,7 @@ def reference(tmp_path_factory):
         tf1.set_random_seed(0)
         cluster = distributed.make_cluster(SimpleNamespace(distribute="none"), tf1.ConfigProto())
         ph = Placeholders()
-        g = distributed.build_train(cluster, small_hp(**HP), ph.xs, ph.ys)
+        g = train_graph(cluster, small_hp(**HP), ph)
         sess = tf1.Session(graph=graph)
         sess.run(tf1.global_variables_initializer())
         tf1.train.Saver().save(sess, ckpt)
@@ -203,7 +208,7 @@ def test_mirrored_on_two_cpus_matches_one_process(reference):
         cluster = distributed.make_cluster(SimpleNamespace(distribute="mirrored", devices="/cpu:0,/cpu:1"),
                                            tf1.ConfigProto())
         ph = Placeholders()
-        g = distributed.build_train(cluster, small_hp(**HP), ph.xs, ph.ys)
+        g = train_graph(cluster, small_hp(**HP), ph)
         assert cluster.strategy.num_replicas_in_sync == 2
         with tf1.Session(cluster.target, config=cluster.config) as sess:
             tf1.train.Saver().restore(sess, reference.ckpt)
@@ -214,11 +219,11 @@ def test_mirrored_on_two_cpus_matches_one_process(reference):
 def test_one_process_agrees_with_itself_without_running_anything():
     with tf.Graph().as_default():
         ph = Placeholders()
-        g = distributed.build_train(distributed.make_cluster(SimpleNamespace(distribute="none"), tf1.ConfigProto()),
-                                    small_hp(**HP), ph.xs, ph.ys)
-    assert distributed.agree_to_stop(None, g, "SIGINT", False) == (True, False)
-    assert distributed.agree_to_stop(None, g, None, True) == (False, True)
-    distributed.agree_on_checkpoint(None, g, "logdir/E01-100")
+        g = train_graph(distributed.make_cluster(SimpleNamespace(distribute="none"), tf1.ConfigProto()),
+                        small_hp(**HP), ph)
+    assert distributed.agree_to_stop(None, g.votes, "SIGINT", False) == (True, False)
+    assert distributed.agree_to_stop(None, g.votes, None, True) == (False, True)
+    distributed.agree_on_checkpoint(None, g.votes, "logdir/E01-100")
 
 
 @pytest.mark.parametrize("num_rows, expected", [
@@ -227,7 +232,7 @@ def test_one_process_agrees_with_itself_without_running_anything():
     (1, [(0, 0), (0, 1)]),
 ])
 def test_replica_rows_deal_contiguous_blocks(num_rows, expected):
-    assert [distributed.replica_rows(num_rows, r, 2) for r in range(2)] == expected
+    assert [step.replica_rows(num_rows, r, 2) for r in range(2)] == expected
 
 
 def test_a_replica_without_rows_gets_an_empty_batch():
@@ -235,7 +240,7 @@ def test_a_replica_without_rows_gets_an_empty_batch():
     with tf.Graph().as_default():
         xs = Sources(tf.constant(x), tf.constant([3, 2]))
         ys = Targets(tf.constant(x), tf.constant(x), tf.constant([3, 2]))
-        shares = [distributed.replica_batch(xs, ys, r, 3) for r in range(3)]
+        shares = [step.replica_batch(xs, ys, r, 3) for r in range(3)]
         with tf1.Session() as sess:
             (first, _), (second, _), (third, third_ys) = sess.run(shares)
     assert first.x.shape == (0, 1)

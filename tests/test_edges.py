@@ -66,17 +66,17 @@ def test_ctrl_c_or_sigterm_while_tensorflow_imports_is_one_line(tmp_path, signum
 
 
 def test_the_runtime_imported_from_a_running_main_leaves_its_signal_handlers():
-    """plot_attention.py imports TensorFlow (and toolkit.runtime) from its main: Ctrl-C from then on
+    """plot_attention.py imports TensorFlow (and toolkit.base.runtime) from its main: Ctrl-C from then on
     is run_cli's KeyboardInterrupt, never the start-up handler's exit from inside whatever runs."""
     code = ("import signal, sys\n"
             "sys.modules['__main__'].__file__ = %r  # as a tool of the toolkit runs\n"
-            "from toolkit import errors\n"
+            "from toolkit.base import cli\n"
             "def main():\n"
-            "    from toolkit import runtime  # noqa: F401\n"
+            "    from toolkit.base import runtime  # noqa: F401\n"
             "    print(signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
-            "          signal.getsignal(signal.SIGTERM) is errors._terminate)\n"
+            "          signal.getsignal(signal.SIGTERM) is cli._terminate)\n"
             "    return 0\n"
-            "errors.run_cli(main)\n" % str(ROOT / "plot_attention.py"))
+            "cli.run_cli(main)\n" % str(ROOT / "plot_attention.py"))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           preexec_fn=as_from_a_terminal)
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 import export
 import test as test_cli
-from toolkit.errors import UserError
-from toolkit.textfiles import read_lines
+from toolkit.base.errors import UserError
+from toolkit.base.reading import read_lines
 
 tf1 = tf.compat.v1
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,18 +23,18 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
-from toolkit import databuild
+from toolkit.data import build
 import export
 import hparams
-from toolkit import logdir as logdir_tools
-from toolkit import trained_model
+from toolkit.training import logdir as logdir_tools
+from toolkit.translating import trained_model
 import plot_attention
 import prepro
 import test as test_cli
 import train
 import translate
-from toolkit.datadir import MANIFEST_NAME
-from toolkit.errors import UserError
+from toolkit.data.datadir import MANIFEST_NAME
+from toolkit.base.errors import UserError
 from model import ModelConfig
 from in_process import run_in_process
 
@@ -332,12 +332,12 @@ def test_tensorflow_file_errors_are_one_line_naming_the_path(model, capsys, monk
     line = one_line(capsys, "train.py", "--logdir", logdir, "--max_steps", "62", "--lr_schedule", "noam")
     assert line.startswith("error: %s" % (logdir / "E04_L")) and os.strerror(error_number) in line
     assert "the path is " in line and "pass a" in line
-    from toolkit.errors import error_line
+    from toolkit.base.errors import error_line
     assert error_line(tf.errors.InvalidArgumentError(None, None, "indices out of range")) is None  # a bug: traceback
 
 
 def test_os_error_lines_say_what_to_do():
-    from toolkit.errors import os_error_line
+    from toolkit.base.errors import os_error_line
     for number, phrase in ((errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
                            (errno.ENOTDIR, "a file where a directory belongs"), (errno.EISDIR, "is a directory"),
                            (errno.ENOENT, "does not exist"), (errno.ENOSPC, "no space left on the device")):
@@ -591,7 +591,7 @@ def test_prepro_refuses_a_vocabulary_without_room_for_text(tmp_path, capsys, voc
 
 
 # ------------------------------------------------------------------------------------------------
-# Outputs never replace what is not theirs (toolkit.outputs.output_target)
+# Outputs never replace what is not theirs (toolkit.base.writing.output_target)
 
 
 def read_in_thread(path_or_fd, chunks):
@@ -702,7 +702,7 @@ def test_a_truncated_checkpoint_is_one_line_for_avg_checkpoints(model, capsys):
 
 
 def test_a_full_disk_names_the_path_and_its_disks_free_space(model, tmp_path, capsys, monkeypatch):
-    from toolkit.errors import os_error_line, writing
+    from toolkit.base.errors import os_error_line, writing
     with pytest.raises(UserError) as error, writing(tmp_path / "out", "the output"):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write() names no file
     assert re.fullmatch(r"no space left on the device while writing the output \([\d.]+ MB free on %s\)"
@@ -761,7 +761,7 @@ def test_a_read_only_checkout_falls_back_to_tensorflows_ops(tmp_path, monkeypatc
 
 
 def test_a_lost_worker_is_one_line():
-    from toolkit.errors import error_line
+    from toolkit.base.errors import error_line
     line = error_line(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nDetected at node 'x' defined "
                                                              "at (most recent call last):\n  File \"train.py\"\n"
                                                              "Collective ops is aborted by: Socket closed\nmore"))
@@ -770,7 +770,7 @@ def test_a_lost_worker_is_one_line():
 
 
 # ------------------------------------------------------------------------------------------------
-# One mechanism for staging, what killed runs left, and locks (toolkit.staging, toolkit.locks)
+# One mechanism for staging, what killed runs left, and locks (toolkit.base.writing, toolkit.base.writing)
 
 
 def dead_pid():
@@ -779,7 +779,7 @@ def dead_pid():
 
 
 def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsys):
-    from toolkit.outputs import atomic_write
+    from toolkit.base.writing import atomic_write
     logdir, _ = model
     dead, live = dead_pid(), os.getpid()
     (logdir / "avg_last1-60.data-00000-of-00001.tempstate123").write_bytes(b"half")  # a killed save's
@@ -804,18 +804,18 @@ def test_what_killed_runs_left_is_removed_by_the_next_run(model, tmp_path, capsy
 
 
 def test_sigterm_during_a_build_ends_prepro_with_143_and_no_staging(tmp_path, capsys, monkeypatch):
-    from toolkit.errors import Terminated
+    from toolkit.base.cli import Terminated
 
     def terminated(*args, **kwargs):
         raise Terminated()
 
-    monkeypatch.setattr(databuild, "write_bpe_model", terminated)
+    monkeypatch.setattr(build, "write_bpe_model", terminated)
     code, _, err = run_in_process(capsys, "prepro.py", prepro.main, "--n_train", "50", "--data_dir", tmp_path / "d")
     assert code == 128 + signal.SIGTERM and "interrupted" in err and os.listdir(tmp_path / "d") == [], err
 
 
 def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
-    from toolkit.datadir import staging_dir
+    from toolkit.data.datadir import staging_dir
     data = tmp_path / "data"
     data.mkdir()
     with staging_dir(data) as staging:  # another prepro.py building it
@@ -831,7 +831,7 @@ def test_a_second_prepro_on_a_data_dir_being_built_is_refused(tmp_path, capsys):
 
 
 def test_how_each_kind_of_output_path_is_written(tmp_path):
-    from toolkit.outputs import output_target
+    from toolkit.base.writing import output_target
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "file")
     (tmp_path / "dangling").symlink_to(tmp_path / "new" / "target")

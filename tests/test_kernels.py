@@ -231,7 +231,7 @@ def test_split_heads_rejects_a_width_the_heads_do_not_divide(ops):
 
 def adam_updates(optimizer_class, shapes, steps=5):
     """The variables (sorted by name) and their values after `steps` updates of `optimizer_class` on fixed random
-    variables and gradients, on the learning-rate and beta values of toolkit.implementation.make_optimizer."""
+    variables and gradients, on the learning-rate and beta values of toolkit.training.step.make_optimizer."""
     rng = np.random.RandomState(11)
     initial = [rng.randn(*shape).astype(np.float32) for shape in shapes]
     grads = [[rng.randn(*shape).astype(np.float32) for shape in shapes] for _ in range(steps)]

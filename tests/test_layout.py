@@ -11,8 +11,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The top-level modules: the design's files and the tools a user runs.
 DESIGN = {"hparams", "data_load", "modules", "model", "train", "test", "utils", "prepro", "decoding"}
 TOOLS = {"train", "test", "prepro", "translate", "serve", "export", "avg_checkpoints", "plot_attention"}
-#: Where lines are at most 100 columns: the top level, fast/ and toolkit/.
-LIMITED_DIRS = ("", "fast", "toolkit", os.path.join("toolkit", "corpora"))
+#: Where lines are at most 100 columns: the top level, fast/ and toolkit/ with its layers.
+LIMITED_DIRS = ("", "fast") + tuple(os.path.relpath(path, ROOT) for path, _, _
+                                    in sorted(os.walk(os.path.join(ROOT, "toolkit")))
+                                    if not path.endswith("__pycache__"))
+#: toolkit/'s layers, lowest first (toolkit/__init__.py): base and data lie beneath the design's
+#: files, the others above them; a layer imports only the layers before it.
+LAYERS = ("toolkit.base", "toolkit.data", "toolkit.training", "toolkit.translating",
+          "toolkit.serving")
 MAX_COLUMNS = 100
 
 
@@ -59,6 +65,22 @@ def test_no_support_module_imports_a_tool():
             assert not imports & (TOOLS - DESIGN), (name, imports & TOOLS)
 
 
+def layer_of(module):
+    return next((layer for layer in LAYERS if (module + ".").startswith(layer + ".")), None)
+
+
+def test_each_layer_imports_only_the_layers_beneath_it():
+    for name, imports in project_import_graph().items():
+        layer = layer_of(name)
+        if layer is None:
+            continue
+        below = LAYERS[:LAYERS.index(layer) + 1]
+        # a layer's own package (toolkit.translating) and toolkit.version stand with no layer
+        assert all(layer_of(other) in below for other in imports if layer_of(other)), (name, sorted(imports))
+        if layer in ("toolkit.base", "toolkit.data"):  # beneath the design
+            assert not imports & DESIGN, (name, imports & DESIGN)
+
+
 def test_the_import_graph_has_no_circle():
     graph = project_import_graph()
     done, path = set(), []
@@ -97,7 +119,7 @@ def test_the_model_config_defaults_are_the_flags_defaults():
 def test_train_py_does_not_import_the_fast_kernels_for_the_reference_implementation(tmp_path):
     import subprocess
     code = ("import sys, train; from argparse import Namespace; "
-            "from toolkit.implementation import resolve_kernels; resolve_kernels(Namespace(impl='reference', kernels='auto')); "
+            "import fast; fast.resolved_kernels('reference', 'auto'); "
             "print('fast.kernels' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             check=True)

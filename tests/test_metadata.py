@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from test_faults import fresh_train, model, one_line  # noqa: F401 (model: a fixture)
 from test_ownership import snapshot
-from toolkit.datadir import MANIFEST_NAME
-from toolkit.train_flags import with_config
+from toolkit.data.datadir import MANIFEST_NAME
+from toolkit.training.flags import with_config
 
 
 def halve(path):

@@ -8,7 +8,7 @@ from decoding import DecodingSettings, translate
 from model import ModelConfig
 from model_fixtures import (Placeholders, build, fused_kernels, one_hot_smoothed_cross_entropy, random_ids, small_hp,
                             train_step)
-from toolkit.implementation import build_transformer
+from fast import build_transformer
 
 tf1 = tf.compat.v1
 
@@ -62,7 +62,7 @@ def train_on_a_tiny_batch(hp, steps):
         step = train_step(hp, ph)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
-            losses = [sess.run([step.loss, step.train_op], ph.feed(x, y))[0] for _ in range(steps)]
+            losses = [sess.run([step.batch["loss"], step.batch["update"]], ph.feed(x, y))[0] for _ in range(steps)]
             return losses, {v.name: value for v, value in zip(tf1.global_variables(),
                                                              sess.run(tf1.global_variables()))}
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from test_faults import fresh_train, model, one_line  # noqa: F401 (model: a fixture)
-from toolkit.logdir import record_dev_bleu
+from toolkit.training.logdir import record_dev_bleu
 
 
 def snapshot(*directories):

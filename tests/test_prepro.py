@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from toolkit import databuild
-from toolkit import datadir
+from toolkit.data import build
+from toolkit.data import datadir
 import prepro
 from data_load import load_side
-from toolkit.checksums import sha256_file
-from toolkit.corpora import SPLITS, LinesOf
-from toolkit.corpora.download import MULTI30K_FILES
-from toolkit.corpora.numbers import date_pair, english_cardinal, english_year, german_cardinal, numbers_corpus
-from toolkit.outputs import atomic_write
-from toolkit.textfiles import clean_line, decode_lines
+from toolkit.base.reading import sha256_file
+from toolkit.data.corpora import SPLITS, LinesOf
+from toolkit.data.corpora.download import MULTI30K_FILES
+from toolkit.data.corpora.numbers import (date_pair, english_cardinal, english_year,
+                                          german_cardinal, numbers_corpus)
+from toolkit.base.writing import atomic_write
+from toolkit.base.reading import clean_line, decode_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MULTI30K_DIR = REPO_ROOT.parent / "shared/data/multi30k"
@@ -605,8 +606,8 @@ TOY_OPTIONS = {"dataset": "files", "vocab_size": 80, "dedup": True, "filter_rati
 
 def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
     splits, sources = toy_splits(tmp_path / "in")
-    whole = databuild.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
-    chunked = databuild.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
+    whole = build.build_data_dir(tmp_path / "whole", splits, TOY_OPTIONS, sources)
+    chunked = build.build_data_dir(tmp_path / "chunked", splits, TOY_OPTIONS, sources, chunk_lines=7)
     assert whole == chunked and whole["splits"]["train"]["lines"] == 300  # 300 > 7: 43 chunks
     names = sorted(path.name for path in (tmp_path / "whole").iterdir())
     assert names == sorted(path.name for path in (tmp_path / "chunked").iterdir())
@@ -616,7 +617,7 @@ def test_a_corpus_larger_than_a_chunk_gives_the_same_data_dir(tmp_path):
 
 def test_bpe_is_trained_on_a_seeded_sample_of_a_large_corpus(tmp_path):
     splits, sources = toy_splits(tmp_path / "in")
-    builds = [databuild.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
+    builds = [build.build_data_dir(tmp_path / name, splits, TOY_OPTIONS, sources, sample_sentences=400)
               for name in ("a", "b")]
     # 301 pairs without an empty side or a repeat (the length-ratio outlier leaves train after BPE)
     assert builds[0]["bpe_training"] == {"sentences": 602, "sample": 400}

@@ -21,11 +21,11 @@ import recipe  # noqa: E402
 import recipe_table  # noqa: E402
 from toolkit import version  # noqa: E402
 from data_load import epoch_pairs, trained_target_tokens  # noqa: E402
-from toolkit.datadir import fingerprint, load_manifest  # noqa: E402
-from toolkit.errors import UserError  # noqa: E402
+from toolkit.data.datadir import fingerprint, load_manifest  # noqa: E402
+from toolkit.base.errors import UserError  # noqa: E402
 from hparams import Hparams  # noqa: E402
 from in_process import run_in_process  # noqa: E402
-from toolkit.logdir import save_hparams  # noqa: E402
+from toolkit.training.logdir import save_hparams  # noqa: E402
 
 MULTI30K_DIR = ROOT.parent / "shared/data/multi30k"
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_blocks", "1", "--num_heads", "2", "--batch_size", "300"]

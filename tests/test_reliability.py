@@ -30,20 +30,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from toolkit import distributed
+from toolkit.training import distributed
 import prepro
-from toolkit import runtime
+from toolkit.base import machine
 import test as test_cli
 import train
 import translate
 import utils
-from toolkit.datadir import MANIFEST_NAME, load_manifest
-from toolkit.errors import UserError
+from toolkit.data.datadir import MANIFEST_NAME, load_manifest
+from toolkit.base.errors import UserError
 from in_process import run_in_process
-from toolkit.logdir import CheckpointGone, find_checkpoint, load_trained_hparams, logdir_lock, restore, whole_records_size
-from toolkit.outputs import atomic_write
-from toolkit.textfiles import read_lines
-from toolkit.train_graph import build_graph
+from toolkit.training.logdir import (CheckpointGone, find_checkpoint, load_trained_hparams,
+                                     logdir_lock, restore, whole_records_size)
+from toolkit.base.writing import atomic_write
+from toolkit.base.reading import read_lines
+from toolkit.training.graph import build_graph
 from utils import calc_bleu
 
 tf1 = tf.compat.v1
@@ -395,14 +396,14 @@ def test_a_non_finite_loss_stops_without_saving(trained, tmp_path, capsys):
 
 
 def tiny_graph(data_dir, logdir, **overrides):
-    """toolkit.train_graph.build_graph for a tiny model on data_dir, in a new graph. Returns (graph, ops, hp)."""
+    """toolkit.training.graph.build_graph for a tiny model on data_dir, in a new graph. Returns (graph, ops, hp)."""
     args = ["--data_dir", str(data_dir), "--logdir", str(logdir), *TINY_MODEL, "--batch_size", "2000"]
     for flag, value in overrides.items():
         args += ["--" + flag, str(value)]
     hp, manifest = train.resolve_hparams(args)
     graph = tf.Graph()
     with graph.as_default():
-        cluster = distributed.make_cluster(hp, runtime.session_config(hp))  # --distribute none: this process alone
+        cluster = distributed.make_cluster(hp, machine.session_config(hp))  # --distribute none: this process alone
         return graph, build_graph(hp, manifest, cluster), hp
 
 
@@ -410,7 +411,7 @@ def test_non_finite_weights_are_caught_before_a_save(data_dir, tmp_path):
     """A non-finite gradient in the last step of an epoch leaves a finite loss but NaN weights: train_epoch,
     after which train.py saves, must refuse them."""
     graph, g, hp = tiny_graph(data_dir, tmp_path)
-    with graph.as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
+    with graph.as_default(), tf1.Session(config=machine.session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
         weight = tf1.trainable_variables()[0]
         sess.run(tf1.assign(weight, tf.fill(tf.shape(weight), np.nan)))
@@ -530,10 +531,10 @@ def test_prepro_filters_thousands_of_bad_training_pairs_and_never_dev_or_test(tm
 def first_losses(data_dir, logdir, steps, **overrides):
     """The losses of the first steps of train.py's graph and session (dropout on, shuffled batches)."""
     graph, g, hp = tiny_graph(data_dir, logdir, threads=0, batch_size=1000, **overrides)
-    with graph.as_default(), tf1.Session(config=runtime.session_config(hp)) as sess:
+    with graph.as_default(), tf1.Session(config=machine.session_config(hp)) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(g.train_init, {g.epoch: 0, g.skip: 0})
-        return [sess.run([g.step.train_op, g.step.loss])[1] for _ in range(steps)]
+        return [sess.run([g.step.batch["update"], g.step.batch["loss"]])[1] for _ in range(steps)]
 
 
 @pytest.mark.slow
@@ -606,7 +607,7 @@ def test_a_reader_restores_a_checkpoint_that_training_deletes_meanwhile(trained,
         import decoding
         from data_load import Sources
         from model import ModelConfig
-        from toolkit.implementation import build_transformer
+        from fast import build_transformer
         xs = Sources(tf1.placeholder(tf.int32, [None, None]), tf1.placeholder(tf.int32, [None]))
         decoding.translate(build_transformer(ModelConfig.from_flags(hp)), xs, decoding.DecodingSettings())
         with tf1.Session() as sess:
@@ -1015,3 +1016,30 @@ def test_progress_lines_of_test_py_when_the_output_is_not_a_terminal(trained, tm
     monkeypatch.setattr(utils, "PROGRESS_SECONDS", 0)
     assert test_cli.main(["--logdir", str(trained), "--testdir", str(tmp_path / "test")]) == 0
     assert re.search(r"^test: 1/1 batches \(100%\), \d+ s$", capsys.readouterr().out, re.M)
+
+
+@pytest.mark.slow
+def test_a_kill_between_accumulated_batches_resumes_to_the_weights_of_an_uninterrupted_run(data_dir, tmp_path,
+                                                                                            capsys):
+    """--accum_steps 3: a SIGKILL lands while a step's batches are accumulating; the resumed run redoes that step
+    from the last checkpoint (written between steps) and ends at the weights of a run never stopped. Dropout off
+    and the reference path in fp32 on one thread, so that both runs compute the same numbers."""
+    flags = ["--data_dir", data_dir, *TINY_MODEL, "--impl", "reference", "--precision", "fp32", "--seed", "7",
+             "--dropout_rate", "0", "--attention_dropout", "0", "--relu_dropout", "0", "--accum_steps", "3",
+             "--batch_type", "sentences", "--batch_size", str(TRAIN_PAIRS // 6), "--eval_every", "100000",
+             "--num_epochs", "100000", "--max_steps", "10"]
+    code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", tmp_path / "whole", *flags)
+    assert code == 0, err
+    with Training("--logdir", tmp_path / "killed", *flags) as training:
+        training.wait_for_stdout(r"^epoch 2 \| step 4 ")  # epochs of 6 batches: 2 steps of 3
+        time.sleep(random.Random(SIGKILL_SEED).uniform(0, 0.3))
+        training.process.kill()
+        assert training.finish()[0] == -signal.SIGKILL
+    code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", tmp_path / "killed", *flags)
+    assert code == 0 and RESUMED.search(out), err
+    whole = read_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "whole")))
+    resumed = read_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "killed")))
+    assert whole["global_step"] == resumed["global_step"] == 10
+    for name, value in whole.items():
+        if "/k/bias" not in name:  # its gradient is rounding noise (tests/test_accumulation.py)
+            np.testing.assert_allclose(resumed[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

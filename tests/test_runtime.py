@@ -1,4 +1,4 @@
-"""toolkit/runtime.py's process settings: TensorFlow imported without Keras, freed heap memory and library pages handed back.
+"""toolkit/base/runtime.py's process settings: TensorFlow imported without Keras, freed heap memory and library pages handed back.
 
 Each check runs in a fresh Python process: what a process has imported, and the state of its heap, are the things
 under test."""
@@ -19,7 +19,7 @@ def run_python(code):
 
 
 def test_tensorflow_imported_after_runtime_does_not_import_keras():
-    code = ("import sys; from toolkit import runtime; import tensorflow as tf; "
+    code = ("import sys; from toolkit.base import runtime; import tensorflow as tf; "
             "tf.compat.v1.disable_eager_execution(); "
             "x = tf.ones([2, 2]); print(tf.compat.v1.Session().run(tf.reduce_sum(tf.matmul(x, x))), "
             "'keras' in sys.modules, 'matplotlib' in sys.modules)")
@@ -27,7 +27,7 @@ def test_tensorflow_imported_after_runtime_does_not_import_keras():
 
 
 def test_a_process_that_imported_keras_first_keeps_it_whole():
-    code = ("import sys, keras; from toolkit import runtime; import tensorflow; "
+    code = ("import sys, keras; from toolkit.base import runtime; import tensorflow; "
             "print(sys.modules.get(runtime.KERAS_BLOCKED) is not None, hasattr(keras, 'optimizers'))")
     assert run_python(code) == ["True", "True"]
 
@@ -37,14 +37,14 @@ def test_release_freed_memory_returns_freed_heap_to_the_system():
     # 200 MB of 1,000-byte objects (each a malloc below glibc's mmap threshold), freed except one allocated last,
     # which keeps the heap's top in use, so glibc cannot give the rest back by itself.
     code = """
-from toolkit import runtime
+from toolkit.base import machine
 def anon_mb():
     return next(int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
 blocks = [bytes(1000) for _ in range(200000)]
 last = bytes(1000)
 del blocks
 held = anon_mb()
-print(runtime.release_freed_memory(), held - anon_mb())
+print(machine.release_freed_memory(), held - anon_mb())
 """
     trimmed, released_mb = run_python(code)
     assert trimmed == "True"
@@ -60,8 +60,8 @@ def test_library_mappings_are_the_read_only_maps_of_shared_libraries(tmp_path):
         "7f0000600000-7f0000700000 r--p 00000000 08:01 13 /data/train.ids\n"
         "7f0000800000-7f0000900000 rw-p 00000000 00:00 0 \n"
         "7f0000900000-7f0000a00000 r-xp 00000000 08:01 14 /opt/so.data/tool\n")
-    from toolkit import runtime
-    assert runtime.library_mappings(str(maps)) == [(0x7f0000000000, 0x7f0000400000),
+    from toolkit.base import machine
+    assert machine.library_mappings(str(maps)) == [(0x7f0000000000, 0x7f0000400000),
                                                    (0x7f0000400000, 0x7f0000500000)]
 
 
@@ -76,14 +76,14 @@ def test_release_library_pages_drops_them_from_the_resident_set_and_loses_nothin
         os.fsync(f.fileno())
     code = """
 import hashlib, mmap
-from toolkit import runtime
+from toolkit.base import machine
 def file_mb():
     return next(int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("RssFile"))
 with open(%r, "rb") as f:
     pages = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
 digest = hashlib.sha256(pages).hexdigest()
 held = file_mb()
-advised = runtime.release_library_pages()
+advised = machine.release_library_pages()
 print(advised >= 64, held - file_mb(), hashlib.sha256(pages).hexdigest() == digest)
 """ % str(path)
     advised, released_mb, same = run_python(code)

@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 
 import avg_checkpoints
-from toolkit import budget
+from toolkit.training import stopping
 import export
-from toolkit import runtime
+from toolkit.base import runtime
+from toolkit.base import machine
 import test as test_cli
 import train
 from model import SCHEDULE_TOTAL_STEPS
@@ -32,20 +33,20 @@ def checkpoint_values(ckpt):
 
 
 def test_steps_in_time_without_evaluations_is_rate_times_time():
-    assert budget.steps_in_time(step=800, rate=1.25, seconds_left=3000, eval_seconds=0, steps_between_evals=0) \
+    assert stopping.steps_in_time(step=800, rate=1.25, seconds_left=3000, eval_seconds=0, steps_between_evals=0) \
         == 800 + 3750
 
 
 def test_steps_in_time_leaves_out_the_evaluations_that_fall_before_the_deadline():
     # An epoch of 250 steps takes 200 s at 1.25 steps/s, then a 50 s evaluation: 3000 s hold 12 such cycles, and
     # the 2400 s of training in them make 3000 steps.
-    assert budget.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=250) == 800 + 3000
+    assert stopping.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=250) == 800 + 3000
     # Evaluating every 4 epochs: 3000 s hold 3 cycles of 800 + 50 s, so 150 s go to evaluations.
-    assert budget.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=1000) == 800 + 3562
+    assert stopping.steps_in_time(800, 1.25, 3000, eval_seconds=50, steps_between_evals=1000) == 800 + 3562
 
 
 def test_steps_in_time_past_the_deadline_is_the_current_step():
-    assert budget.steps_in_time(500, 2.0, -30, 0, 0) == 500
+    assert stopping.steps_in_time(500, 2.0, -30, 0, 0) == 500
 
 
 # ------------------------------------------------------------------------------------------------
@@ -77,31 +78,31 @@ flags\t\t: fpu sse2 avx avx2 fma {extra}
 def test_precision_auto_follows_the_cpu_flags(tmp_path, extra, max_isa, gpu, expected):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(CPUINFO.format(extra=extra))
-    model, flags = runtime.cpu_info(str(cpuinfo))
+    model, flags = machine.cpu_info(str(cpuinfo))
     assert model == "Some CPU @ 2.00GHz" and {"avx2", "fma"} <= flags
-    precision, note = runtime.choose_precision("auto", flags, max_isa, gpu)
+    precision, note = machine.choose_precision("auto", flags, max_isa, gpu)
     assert precision == expected and note.startswith("precision auto: " + expected)
 
 
 def test_an_explicit_bf16_without_native_bfloat16_is_kept_with_a_warning():
-    precision, note = runtime.choose_precision("bf16", {"avx2", "avx512f"})
+    precision, note = machine.choose_precision("bf16", {"avx2", "avx512f"})
     assert precision == "bf16" and note.startswith("warning:") and "slower than fp32" in note
-    assert runtime.choose_precision("bf16", {"avx512_bf16"}) == ("bf16", None)
-    assert runtime.choose_precision("fp32", {"avx512_bf16"}) == ("fp32", None)
+    assert machine.choose_precision("bf16", {"avx512_bf16"}) == ("bf16", None)
+    assert machine.choose_precision("fp32", {"avx512_bf16"}) == ("fp32", None)
 
 
 def test_threads_set_both_pools_and_zero_means_the_usable_cores(monkeypatch):
     from argparse import Namespace
 
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
-    config = runtime.session_config(Namespace(threads=0))
+    config = machine.session_config(Namespace(threads=0))
     assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, 3)
-    config = runtime.session_config(Namespace(threads=1))
+    config = machine.session_config(Namespace(threads=1))
     assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (1, 1)
 
 
 def test_a_missing_cpuinfo_means_no_flags(tmp_path):
-    assert runtime.cpu_info(str(tmp_path / "absent")) == ("unknown", set())
+    assert machine.cpu_info(str(tmp_path / "absent")) == ("unknown", set())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from libretranslatepy import LibreTranslateAPI
 
 import serve
 import translate
-from toolkit import documents, sentences
-from toolkit.batcher import Batcher
+from toolkit.translating import documents
+from toolkit.translating import sentences
+from toolkit.serving.batcher import Batcher
 from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
 

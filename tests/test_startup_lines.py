@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from toolkit.runtime import ABSL_NOTICE, startup_lines_kept
+from toolkit.base.runtime import ABSL_NOTICE, startup_lines_kept
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,8 +11,8 @@ import sentencepiece as spm
 
 import prepro
 import translate
-from toolkit import sentences
-from toolkit.errors import UserError
+from toolkit.translating import sentences
+from toolkit.base.errors import UserError
 from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
 

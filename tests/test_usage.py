@@ -18,8 +18,8 @@ import train
 import translate
 from data_load import Sources, Targets
 from in_process import run_in_process
-from toolkit.errors import UserError
-from toolkit.logdir import find_checkpoint, load_trained_hparams, save_hparams
+from toolkit.base.errors import UserError
+from toolkit.training.logdir import find_checkpoint, load_trained_hparams, save_hparams
 from model import BOS_ID, EOS_ID, ModelConfig, Transformer
 
 tf1 = tf.compat.v1

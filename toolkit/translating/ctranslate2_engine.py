@@ -1,0 +1,240 @@
+"""Our Transformer as a CTranslate2 model: conversion of the weights, and translation with the
+CTranslate2 runtime.
+
+CTranslate2 (https://github.com/OpenNMT/CTranslate2) is an inference engine for Transformer models
+with int8 weights on CPU. It is optional: this module imports it only inside the functions that need
+it.
+
+A converted model directory holds CTranslate2's files (model.bin, config.json, the vocabularies),
+the data dir's sentencepiece model as bpe.model, and SETTINGS_FILE: the source length limit the
+model was trained with and the decoding settings fixed at export, which translate.py --engine
+ctranslate2 reads.
+
+How our variables map to CTranslate2's TransformerSpec (its linear weights are (out, in), our
+kernels (in, out)):
+  shared_weight_matrix/weight_mat, row 0 zeroed  -> encoder and decoder embeddings and the decoder's
+                                                 projection
+  .../multihead_attention, .../self_attention    -> self_attention.linear[0] = [q; k; v] fused,
+                                                 linear[1] = o
+  .../vanilla_attention                          -> attention.linear[0] = q, linear[1] = [k; v]
+                                                 fused, linear[2] = o
+  .../ln (of each sublayer)                      -> the sublayer's layer_norm (on its input when
+                                                 pre-norm, on
+                                                    x + f when post-norm: CTranslate2's pre_norm
+                                                    flag)
+  .../positionwise_feedforward/{inner,outer}     -> ffn.linear_0, ffn.linear_1
+  {encoder,decoder}/final_ln (pre-norm only)     -> encoder.layer_norm, decoder.layer_norm
+The sinusoidal positions are written out as a table (CTranslate2's own sinusoids put all sines
+before all cosines; ours interleave them, modules.positional_encoding).
+"""
+import argparse
+import json
+import os
+import shutil
+
+import numpy as np
+
+from hparams import check_ranges
+from toolkit.base.errors import UserError
+from toolkit.base.writing import write_json
+
+#: The settings file of a converted model directory.
+SETTINGS_FILE = "translate.json"
+#: The sentencepiece model's name in a converted model directory.
+BPE_MODEL = "bpe.model"
+#: Rows of the position table: the longest source or translation the converted model handles.
+MAX_POSITIONS = 1024
+#: Layer normalization epsilon of modules.ln.
+LN_EPSILON = 1e-6
+
+
+def checkpoint_weights(ckpt):
+    """{variable name: numpy array} of every variable in the checkpoint ckpt (a path prefix)."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(ckpt)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def sinusoid_table(length, d_model):
+    """modules.positional_encoding in numpy: (length, d_model), sin on even and cos on odd
+    channels."""
+    positions = np.arange(length)[:, None]  # (length, 1)
+    # (length, d_model)
+    angles = positions * np.power(10000.0, -2.0 * (np.arange(d_model) // 2) / d_model)
+    return np.where(np.arange(d_model) % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
+def _linear(spec, weights, *scopes):
+    """Sets a LinearSpec from the dense layers `scopes` (fused along the outputs when there are
+    several)."""
+    spec.weight = np.concatenate([weights[scope + "/kernel"].T for scope in scopes])  # (out, in)
+    spec.bias = np.concatenate([weights[scope + "/bias"] for scope in scopes])
+
+
+def _layer_norm(spec, weights, scope):
+    spec.gamma, spec.beta = weights[scope + "/gamma"], weights[scope + "/beta"]
+
+
+def _self_attention(spec, weights, scope):
+    _linear(spec.linear[0], weights, scope + "/q", scope + "/k", scope + "/v")
+    _linear(spec.linear[1], weights, scope + "/o")
+    _layer_norm(spec.layer_norm, weights, scope + "/ln")
+
+
+def _cross_attention(spec, weights, scope):
+    _linear(spec.linear[0], weights, scope + "/q")
+    _linear(spec.linear[1], weights, scope + "/k", scope + "/v")
+    _linear(spec.linear[2], weights, scope + "/o")
+    _layer_norm(spec.layer_norm, weights, scope + "/ln")
+
+
+def _feed_forward(spec, weights, scope):
+    _linear(spec.linear_0, weights, scope + "/inner")
+    _linear(spec.linear_1, weights, scope + "/outer")
+    _layer_norm(spec.layer_norm, weights, scope + "/ln")
+
+
+def transformer_spec(weights, hp, pieces):
+    """A ctranslate2.specs.TransformerSpec with our weights.
+
+    weights: {variable name: array} (checkpoint_weights). hp: the model's hparams (num_blocks,
+    num_heads, norm_type, d_model). pieces: the V vocabulary pieces, in id order (source and target
+    share them).
+    """
+    from ctranslate2 import specs
+    pre_norm = hp.norm_type == "pre"
+    spec = specs.TransformerSpec.from_config(hp.num_blocks, hp.num_heads, pre_norm=pre_norm)
+    spec.config.layer_norm_epsilon = LN_EPSILON
+    embeddings = weights["shared_weight_matrix/weight_mat"].copy()  # (V, d_model)
+    embeddings[0] = 0.0  # <pad>'s row is a constant zero (modules.get_token_embeddings)
+    positions = sinusoid_table(MAX_POSITIONS, hp.d_model)
+    spec.encoder.embeddings[0].weight = embeddings
+    spec.decoder.embeddings.weight = embeddings
+    spec.decoder.projection.weight = embeddings
+    spec.encoder.position_encodings.encodings = positions
+    spec.decoder.position_encodings.encodings = positions
+    for i, layer in enumerate(spec.encoder.layer):
+        block = "encoder/num_blocks_%d/" % i
+        _self_attention(layer.self_attention, weights, block + "multihead_attention")
+        _feed_forward(layer.ffn, weights, block + "positionwise_feedforward")
+    for i, layer in enumerate(spec.decoder.layer):
+        block = "decoder/num_blocks_%d/" % i
+        _self_attention(layer.self_attention, weights, block + "self_attention")
+        _cross_attention(layer.attention, weights, block + "vanilla_attention")
+        _feed_forward(layer.ffn, weights, block + "positionwise_feedforward")
+    if pre_norm:
+        _layer_norm(spec.encoder.layer_norm, weights, "encoder/final_ln")
+        _layer_norm(spec.decoder.layer_norm, weights, "decoder/final_ln")
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    return spec
+
+
+def write_model(weights, hp, bpe_model, model_dir, quantization="float32", settings=None):
+    """Writes a CTranslate2 model directory: the converted weights (quantized to int8, int16 or
+    float32), bpe_model copied as BPE_MODEL, and `settings` (a dict) as SETTINGS_FILE. model_dir
+    must not exist."""
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=bpe_model)
+    if sp.get_piece_size() != hp.vocab_size:
+        raise ValueError("%s has %d pieces, the model %d"
+                         % (bpe_model, sp.get_piece_size(), hp.vocab_size))
+    spec = transformer_spec(weights, hp, [sp.id_to_piece(i) for i in range(hp.vocab_size)])
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    os.makedirs(model_dir)
+    spec.save(model_dir)
+    shutil.copyfile(bpe_model, os.path.join(model_dir, BPE_MODEL))
+    write_json(os.path.join(model_dir, SETTINGS_FILE), settings or {})
+
+
+def exported_hparams(model_dir, given, test_batch_size, threads):
+    """The settings of model_dir (written by export.py --format ctranslate2) as hparams, with the
+    decoding flags given (a dict) on top; a UserError when model_dir is not given or not one."""
+    if not model_dir:
+        raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py "
+                        "--format ctranslate2")
+    try:
+        settings = read_settings(model_dir)
+    except (OSError, ValueError):
+        raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
+                        "(no readable %s)" % (model_dir, SETTINGS_FILE)) from None
+    hp = argparse.Namespace(**{**settings, "test_batch_size": test_batch_size, "threads": threads},
+                            **{flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a",
+                                                              "max_len_b") if flag in given})
+    check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
+    return hp
+
+
+def read_settings(model_dir):
+    """The SETTINGS_FILE dict of a converted model directory."""
+    with open(os.path.join(model_dir, SETTINGS_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+#: CTranslate2's threads within one batch when --threads is 0. On small machines its own default
+#: (4) spends more handing each decoding step between threads than it gains on the small batches
+#: that serve.py and a line-by-line translate.py send; a large batch loses little with one thread
+#: (the measurements: docs/log/serving-log.md).
+ONE_BATCH_THREADS = 1
+
+
+class CTranslate2Translator:
+    """Translates batches of source ids with a converted model, with the interface of
+    toolkit.translating.translator.Translator.
+
+    Each batch is decoded for at most the longest limit of its sentences, max_len_a * source length
+    + max_len_b steps (counting </s>), since CTranslate2 takes one limit per batch; translate.py
+    batches sources of similar length (data_load.run_in_length_batches), so the limits of a batch
+    are close. <pad> and <s> are never output, as in our decoder.
+    """
+
+    def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
+        """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's
+        batching). threads: CTranslate2's threads within a batch; 0 (--threads' default) means
+        ONE_BATCH_THREADS."""
+        import ctranslate2
+        import sentencepiece as spm
+        self.settings, self.nbest, self.batch_size = settings, nbest, batch_size
+        self.sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, BPE_MODEL))
+        self.eos_id = self.sp.piece_to_id("</s>")
+        self.engine = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
+                                             intra_threads=threads or ONE_BATCH_THREADS)
+
+    def max_steps(self, sources):
+        """The decoding limit of a batch: the longest of ceil(a * source length + b)
+        (decoding.max_decoding_steps)."""
+        settings = self.settings
+        return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids
+                   in sources)
+
+    def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False,
+               nbest=None):
+        """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps
+        at most (the last one may only give </s>; default self.max_steps), min_steps at least;
+        beam_size default the settings', nbest hypotheses each (default self.nbest)."""
+        max_steps = max_steps or self.max_steps(sources)
+        return self.engine.translate_batch(
+            [[self.sp.id_to_piece(int(i)) for i in ids] for ids in sources],
+            beam_size=beam_size or self.settings.beam_size, num_hypotheses=nbest or self.nbest,
+            length_penalty=self.settings.alpha,
+            max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps
+            - 1, suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True,
+            return_end_token=return_end_token)
+
+    def run(self, sources, with_attention=False, beam=None):
+        """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T)
+        ending in </s> then 0s, scores (K,), None). beam: a beam size other than the settings'
+        (its beam best translations). with_attention: taken for translator.Translator's
+        interface; this engine has no attention pass."""
+        from data_load import pad
+        results = []
+        for result in self.decode(sources, beam_size=beam, nbest=beam):
+            hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens
+                          in result.hypotheses]
+            results.append((pad(hypotheses)[0], np.array(result.scores, np.float32), None))
+        return results
+
+    def close(self):
+        """Frees the model's memory."""
+        del self.engine
