@@ -369,19 +369,21 @@ def epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth=0.05):
     return plan_batches(pairs.lengths1, pairs.lengths2, batch_size, batch_type, rng, growth)
 
 
-def trained_target_tokens(pairs_of, steps, batch_size, batch_type, seed, growth=0.05):
+def trained_target_tokens(pairs_of, steps, batch_size, batch_type, seed, growth=0.05,
+                          accum_steps=1):
     """The real (non-pad) target tokens, </s> included (y_seqlen, what train.py counts in its
-    tok/s), of the first `steps` shuffled training batches, epoch after epoch: what a run of that
-    many steps trained. pairs_of: see epoch_pairs. Counted from the epoch plans alone, without
-    building a batch."""
+    tok/s), of the shuffled training batches of the first `steps` steps, epoch after epoch: what a
+    run of that many steps trained. A step takes accum_steps batches, and the last step of an epoch
+    the batches left (train.py --accum_steps). pairs_of: see epoch_pairs. Counted from the epoch
+    plans alone, without building a batch."""
     total, epoch = 0, 0
     while steps > 0:
         pairs, _ = pairs_of(epoch)
         plan = epoch_plan(pairs, batch_size, batch_type, seed, epoch, growth)
         if not plan:
             raise ValueError("no training pairs: nothing was trained")
-        total += sum(int(pairs.lengths2[index].sum()) for index, _ in plan[:steps])
-        steps, epoch = steps - len(plan), epoch + 1
+        total += sum(int(pairs.lengths2[index].sum()) for index, _ in plan[:steps * accum_steps])
+        steps, epoch = steps - math.ceil(len(plan) / accum_steps), epoch + 1
     return total
 
 

@@ -107,7 +107,8 @@ def target_tokens(hp, steps):
     check_vocab(hp, manifest, trained_on)
     pairs_of = epoch_pairs(hp.data_dir, manifest, "train", hp.maxlen1, hp.maxlen2, hp.truncate, hp.bpe_dropout,
                            hp.seed)
-    return trained_target_tokens(pairs_of, steps, hp.batch_size, hp.batch_type, hp.seed, hp.bucket_growth)
+    return trained_target_tokens(pairs_of, steps, hp.batch_size, hp.batch_type, hp.seed, hp.bucket_growth,
+                                 hp.accum_steps)
 
 
 def measured_run(table, logdir, data_dir=None, cpu=None, command=None):

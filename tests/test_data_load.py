@@ -238,6 +238,11 @@ def test_the_target_tokens_counted_for_a_run_are_those_of_the_batches_it_trained
     # whole epochs train every target once each
     assert (trained_target_tokens(lambda epoch: (pairs, 0), 2 * per_epoch, 300, "tokens", 5)
             == 2 * int(pairs.lengths2.sum()))
+    # --accum_steps 3: a step takes 3 batches, the last step of an epoch the batches left
+    steps_per_epoch = -(-per_epoch // 3)
+    counted = [trained_target_tokens(lambda epoch: (pairs, 0), steps, 300, "tokens", 5, accum_steps=3)
+               for steps in (1, steps_per_epoch, steps_per_epoch + 1)]
+    assert counted == [sum(drawn[:3]), sum(drawn[:per_epoch]), sum(drawn[:per_epoch + 3])]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -216,6 +216,36 @@ def test_mirrored_on_two_cpus_matches_one_process(reference):
     assert_trained_like_one_process(*trained, *reference.train())
 
 
+@pytest.mark.slow
+def test_mirrored_accumulation_on_two_cpus_matches_one_process(reference):
+    """--accum_steps 2 on two replicas: each global batch fed as two halves, then applied, trains what one process
+    trains on the whole global batches (same losses and variables)."""
+    with tf.Graph().as_default():
+        cluster = distributed.make_cluster(SimpleNamespace(distribute="mirrored", devices="/cpu:0,/cpu:1"),
+                                           tf1.ConfigProto())
+        ph = Placeholders()
+        g = train_graph(cluster, small_hp(accum_steps=2, **HP), ph)
+        assert g.step.apply is not None and cluster.strategy.num_replicas_in_sync == 2
+        with tf1.Session(cluster.target, config=cluster.config) as sess:
+            tf1.train.Saver().restore(sess, reference.ckpt)
+            sess.run(tf1.local_variables_initializer())
+            losses = []
+            for x, y in global_batches():
+                loss, tokens = 0.0, 0.0
+                for half in (slice(0, 3), slice(3, None)):
+                    out = sess.run(g.step.batch, ph.feed(x[half], y[half]))
+                    loss, tokens = loss + out["loss"], tokens + out["tokens"]
+                sess.run(g.step.apply)
+                losses.append(loss / tokens)
+            variables = {v.name: value for v, value in zip(tf1.global_variables(), sess.run(tf1.global_variables()))}
+    reference_losses, reference_variables, _ = reference.train()
+    np.testing.assert_allclose(losses, reference_losses, atol=1e-3)
+    assert variables["global_step:0"] == STEPS and sorted(variables) == sorted(reference_variables)
+    for name, value in variables.items():
+        if "/k/bias" not in name:  # see assert_trained_like_one_process
+            np.testing.assert_allclose(value, reference_variables[name], atol=1e-3, err_msg=name)
+
+
 def test_one_process_agrees_with_itself_without_running_anything():
     with tf.Graph().as_default():
         ph = Placeholders()

@@ -1027,11 +1027,11 @@ def test_a_kill_between_accumulated_batches_resumes_to_the_weights_of_an_uninter
     flags = ["--data_dir", data_dir, *TINY_MODEL, "--impl", "reference", "--precision", "fp32", "--seed", "7",
              "--dropout_rate", "0", "--attention_dropout", "0", "--relu_dropout", "0", "--accum_steps", "3",
              "--batch_type", "sentences", "--batch_size", str(TRAIN_PAIRS // 6), "--eval_every", "100000",
-             "--num_epochs", "100000", "--max_steps", "10"]
+             "--num_epochs", "100000", "--max_steps", "40"]
     code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", tmp_path / "whole", *flags)
     assert code == 0, err
     with Training("--logdir", tmp_path / "killed", *flags) as training:
-        training.wait_for_stdout(r"^epoch 2 \| step 4 ")  # epochs of 6 batches: 2 steps of 3
+        training.wait_for_stdout(r"^epoch 2 \| step 6 ")  # epochs of 7 batches: steps of 3, 3 and 1
         time.sleep(random.Random(SIGKILL_SEED).uniform(0, 0.3))
         training.process.kill()
         assert training.finish()[0] == -signal.SIGKILL
@@ -1039,7 +1039,7 @@ def test_a_kill_between_accumulated_batches_resumes_to_the_weights_of_an_uninter
     assert code == 0 and RESUMED.search(out), err
     whole = read_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "whole")))
     resumed = read_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "killed")))
-    assert whole["global_step"] == resumed["global_step"] == 10
+    assert whole["global_step"] == resumed["global_step"] == 40
     for name, value in whole.items():
         if "/k/bias" not in name:  # its gradient is rounding noise (tests/test_accumulation.py)
             np.testing.assert_allclose(resumed[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

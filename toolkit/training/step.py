@@ -107,78 +107,79 @@ def build_step(hp, xs, ys, cluster):
         # the target tokens of the global batch (before the model: its random initial values and
         # dropout come after these ops, as they always have, so that a seed gives the same run)
         global_tokens = tf.reduce_sum(tf.cast(tf.not_equal(ys.y, PAD_ID), tf.float32))
-        model = build_transformer(ModelConfig.from_flags(hp))
-        if hp.accum_steps == 1:
-            batch, apply, apply_summaries = one_batch_step(
-                cluster, model, optimizer, global_step, lr, xs, ys, global_tokens, write_summaries)
-        else:
-            batch, apply, apply_summaries = accumulated_step(
-                cluster, model, optimizer, global_step, lr, xs, ys, global_tokens, write_summaries)
+        replica = ReplicaStep(ModelConfig.from_flags(hp), optimizer, global_step, global_tokens)
+        if hp.accum_steps == 1:  # a batch's op computes its gradients and applies them
+            loss, update, grads, attention = for_each_replica(cluster, replica.apply_batch, xs, ys)
+            loss = sum_over_replicas(cluster, loss)
+            batch_summaries = summaries_if(write_summaries, lambda: step_summaries(
+                loss, lr, sum_over_replicas(cluster, grads), first_replica(cluster, attention)))
+            apply = apply_summaries = None
+        else:  # a batch's op adds to the accumulators; apply divides by the tokens and applies
+            loss, update, attention = for_each_replica(cluster, replica.add_batch, xs, ys)
+            loss = sum_over_replicas(cluster, loss)
+            batch_summaries = summaries_if(write_summaries, lambda: tf1.summary.image(
+                "attention", attention_image(first_replica(cluster, attention))))
+            mean_loss, reset, grads = for_each_replica(cluster, replica.apply_sums)
+            apply_summaries = summaries_if(write_summaries, lambda: step_summaries(
+                sum_over_replicas(cluster, mean_loss), lr, sum_over_replicas(cluster, grads)))
+            # the reset comes after the update and after every value the summaries read
+            with tf.control_dependencies([apply_summaries]):
+                apply = tf.group(local_results(cluster, reset))
+    batch = dict(update=tf.group(local_results(cluster, update)), loss=loss, tokens=global_tokens,
+                 summaries=batch_summaries)
     return TrainStep(batch, apply, apply_summaries, write_summaries, global_step, schedule_total,
                      hp.accum_steps)
 
 
-def one_batch_step(cluster, model, optimizer, global_step, lr, xs, ys, global_tokens,
-                   write_summaries):
-    """--accum_steps 1: each batch's op computes its gradients and applies them."""
-    def replica_step(xs, ys):
-        loss, grads_and_vars, attention = model.train(xs, ys, optimizer, global_tokens)
-        update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+class ReplicaStep:
+    """What one replica does in a step (a single process: the one replica, on the whole batch).
+    config: the model's ModelConfig; each replica builds the model (a cluster's variables are
+    mirrored when the first replica makes them). global_tokens: the target tokens of the global
+    batch, which a batch's loss is divided by."""
+
+    def __init__(self, config, optimizer, global_step, global_tokens):
+        self.config, self.optimizer = config, optimizer
+        self.global_step, self.global_tokens = global_step, global_tokens
+        self.variables = []  # the trainable variables, in Transformer.train's order
+
+    def apply_batch(self, xs, ys):
+        """--accum_steps 1: the batch's loss per target token, the op that applies its gradients,
+        the gradients (dense) and the cross-attention."""
+        loss, grads_and_vars, attention = build_transformer(self.config).train(
+            xs, ys, self.optimizer, self.global_tokens)
+        update = self.optimizer.apply_gradients(grads_and_vars, global_step=self.global_step)
         return loss, update, dense(grads_and_vars), attention
 
-    loss, update, grads, attention = for_each_replica(cluster, replica_step, xs, ys)
-    loss = sum_over_replicas(cluster, loss)
-    summaries = summaries_if(write_summaries, lambda: step_summaries(
-        loss, lr, [sum_over_replicas(cluster, grad) for grad in grads],
-        first_replica(cluster, attention)))
-    update = tf.group(local_results(cluster, update))
-    return dict(update=update, loss=loss, tokens=global_tokens, summaries=summaries), None, None
-
-
-def accumulated_step(cluster, model, optimizer, global_step, lr, xs, ys, global_tokens,
-                     write_summaries):
-    """--accum_steps N > 1: each batch adds the gradients of its summed loss, the loss and its
-    tokens to accumulators; apply divides the gradients' sums by the tokens and applies them, and
-    sets the accumulators to zero."""
-    trained = []  # the trainable variables, in Transformer.train's order
-
-    def replica_add(xs, ys):
-        loss_sum, grads_and_vars, attention = model.train(xs, ys, optimizer, None)
-        trained[:] = [var for _, var in grads_and_vars]
-        sums = accumulators(trained)
+    def add_batch(self, xs, ys):
+        """--accum_steps N > 1: the batch's summed loss, the op that adds its gradients, loss and
+        target tokens to the accumulators, and the cross-attention."""
+        loss_sum, grads_and_vars, attention = build_transformer(self.config).train(
+            xs, ys, self.optimizer, None)
+        self.variables[:] = [var for _, var in grads_and_vars]
+        sums = accumulators(self.variables)
         adds = [total.assign_add(grad) for total, grad in zip(sums.grads, dense(grads_and_vars))]
-        adds += [sums.loss.assign_add(loss_sum), sums.tokens.assign_add(global_tokens)]
+        adds += [sums.loss.assign_add(loss_sum), sums.tokens.assign_add(self.global_tokens)]
         return loss_sum, tf.group(adds), attention
 
-    def replica_apply():
-        sums = accumulators(trained)
+    def apply_sums(self):
+        """The accumulated gradients divided by the accumulated tokens and applied: the loss per
+        target token of the step's batches, the op that sets the accumulators to zero after the
+        update, and the gradients applied."""
+        sums = accumulators(self.variables)
         grads = [total / sums.tokens for total in sums.grads]
-        update = optimizer.apply_gradients(zip(grads, sums.variables), global_step=global_step)
+        update = self.optimizer.apply_gradients(zip(grads, self.variables),
+                                                global_step=self.global_step)
         loss = sums.loss / sums.tokens
         with tf.control_dependencies([update, loss] + grads):
             reset = tf.group([total.assign(tf.zeros_like(total))
                               for total in sums.grads + [sums.loss, sums.tokens]])
         return tf.identity(loss), reset, grads
 
-    loss_sum, add, attention = for_each_replica(cluster, replica_add, xs, ys)
-    batch = dict(update=tf.group(local_results(cluster, add)),
-                 loss=sum_over_replicas(cluster, loss_sum), tokens=global_tokens,
-                 summaries=summaries_if(write_summaries, lambda: tf1.summary.image(
-                     "attention", attention_image(first_replica(cluster, attention)))))
-    loss, reset, grads = for_each_replica(cluster, replica_apply)
-    # reset runs after the update and after every value the summaries read
-    apply_summaries = summaries_if(write_summaries, lambda: step_summaries(
-        sum_over_replicas(cluster, loss), lr, [sum_over_replicas(cluster, grad) for grad in grads]))
-    with tf.control_dependencies([apply_summaries]):
-        apply = tf.group(local_results(cluster, reset))
-    return batch, apply, apply_summaries
-
 
 @dataclasses.dataclass
 class Accumulators:
     """The sums a replica accumulates between optimizer steps: one per trainable variable, the
     summed loss and the target tokens."""
-    variables: list
     grads: list
     loss: tf.Variable
     tokens: tf.Variable
@@ -194,7 +195,7 @@ def accumulators(variables):
                                     trainable=False, collections=[tf1.GraphKeys.LOCAL_VARIABLES],
                                     synchronization=tf.VariableSynchronization.ON_READ,
                                     aggregation=tf.VariableAggregation.SUM)
-    return Accumulators(variables, [zeros(var.op.name, var.shape) for var in variables],
+    return Accumulators([zeros(var.name.split(":")[0], var.shape) for var in variables],
                         zeros("loss", []), zeros("tokens", []))
 
 
@@ -237,9 +238,12 @@ def for_each_replica(cluster, fn, *batch):
 
 
 def sum_over_replicas(cluster, value):
-    """The sum of a per-replica value over the replicas (the value itself in a single process)."""
+    """The sum of a per-replica value (or of each of a list of them) over the replicas: the value
+    itself in a single process."""
     if cluster.strategy is None:
         return value
+    if isinstance(value, list):
+        return [sum_over_replicas(cluster, item) for item in value]
     return cluster.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
 

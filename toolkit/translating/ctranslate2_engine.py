@@ -159,9 +159,10 @@ def exported_hparams(model_dir, given, test_batch_size, threads):
     except (OSError, ValueError):
         raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
                         "(no readable %s)" % (model_dir, SETTINGS_FILE)) from None
-    hp = argparse.Namespace(**{**settings, "test_batch_size": test_batch_size, "threads": threads},
-                            **{flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a",
-                                                              "max_len_b") if flag in given})
+    decoding = {flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b")
+                if flag in given}
+    hp = argparse.Namespace(**{**settings, "test_batch_size": test_batch_size, "threads": threads,
+                               **decoding})
     check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
     return hp
 
