@@ -8,12 +8,11 @@ from there).
 """
 import argparse
 import json
-import math
 
 from toolkit.data.datadir import MANIFEST_NAME
 from toolkit.base.cli import OneLineParser
 from toolkit.base.errors import UserError
-from toolkit.base.reading import type_problem
+from toolkit.base.reading import is_finite_number, shown_number, type_problem
 
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its
 #: own flags): where the model and data are, how to decode, and how to run. Everything else comes
@@ -296,9 +295,14 @@ LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "kernels": "tf", "i
 MODEL_FLAGS = ("d_model", "d_ff", "num_blocks", "num_heads", "norm_type", "vocab_size")
 
 
+#: The largest value of a count (steps, sizes, lengths, a beam): TensorFlow's int32. Every count
+#: of the graph fits one; a larger one would overflow where it is used, so no range goes past it.
+LARGEST = 2 ** 31 - 1
+
+
 def at_least(low):
-    """A RANGES entry: values of low or more."""
-    return lambda value: value >= low, "at least %g" % low
+    """A RANGES entry: values of low or more, up to LARGEST."""
+    return lambda value: low <= value <= LARGEST, "at least %g and at most %d" % (low, LARGEST)
 
 
 def in_range(low, high, what):
@@ -346,10 +350,12 @@ def range_error(hp, flags=None, where=None):
         value = values.get(flag)
         if value is None or (flags is not None and flag not in flags):
             continue
-        if not (math.isfinite(value) and valid(value)):
+        # any value a user can write: an integer of any size, inf, nan, a string
+        if not (is_finite_number(value) and valid(value)):
+            shown = shown_number(value)
             if where:
-                return "%s: %s is %s, out of range: it must be %s" % (where, flag, value, must_be)
-            return "--%s %s is out of range: it must be %s" % (flag, value, must_be)
+                return "%s: %s is %s, out of range: it must be %s" % (where, flag, shown, must_be)
+            return "--%s %s is out of range: it must be %s" % (flag, shown, must_be)
     d_model, num_heads = values.get("d_model"), values.get("num_heads")
     if d_model and num_heads and d_model % num_heads:
         return "--num_heads %d must divide --d_model %d" % (num_heads, d_model)

@@ -1,6 +1,7 @@
-"""Edges of the command line: a thread count or a decoding limit beyond any machine, an empty path
-flag, and Ctrl-C or SIGTERM while a tool is still importing TensorFlow are each one line, as every
-other user error is."""
+"""Edges of the command line: a thread count or a decoding limit beyond any machine, a number too large for a
+float, an empty path flag, and Ctrl-C or SIGTERM while a tool is still importing TensorFlow are each one line, as
+every other user error is."""
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,8 @@ import time
 
 import pytest
 
+import serve
+from in_process import run_in_process
 from test_faults import ROOT, fresh_train, model, one_line  # noqa: F401 (model: a fixture)
 
 
@@ -39,6 +42,47 @@ def test_a_decoding_limit_past_any_translation_is_one_line(model, capsys):  # no
     logdir, _ = model
     assert one_line(capsys, "translate.py", "--logdir", logdir, "--max_len_a", "1e308", "eins") == (
         "error: --max_len_a 1e+308 is out of range: it must be from 0 to 1000")
+
+
+#: A number of 401 digits, too large for a float, and how a line shows it.
+HUGE, HUGE_SHOWN = 10 ** 400, "100000000000... (401 digits)"
+#: What a count must be, whatever its lowest value: at most TensorFlow's int32.
+AT_MOST = "and at most 2147483647"
+
+
+def test_a_number_too_large_for_a_float_is_one_line_in_every_tool(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    new = tmp_path / "new"
+    for tool, *args in (fresh_train(data_dir, new, "--warmup_steps", HUGE),
+                        ("test.py", "--logdir", logdir, "--beam_size", HUGE),
+                        ("translate.py", "--logdir", logdir, "--test_batch_size", HUGE, "eins"),
+                        ("export.py", "--logdir", logdir, "--export_dir", tmp_path / "x", "--beam_size",
+                         HUGE)):
+        flag = args[-2] if tool != "translate.py" else args[-3]
+        assert one_line(capsys, tool, *args) == (
+            "error: %s %s is out of range: it must be at least 1 %s" % (flag, HUGE_SHOWN, AT_MOST)), tool
+    # beyond numpy's and TensorFlow's integers, though a float holds it
+    assert one_line(capsys, "translate.py", "--logdir", logdir, "--beam_size", 10 ** 20, "eins") == (
+        "error: --beam_size 100000000000000000000 is out of range: it must be at least 1 %s" % AT_MOST)
+    config = tmp_path / "config.json"
+    for key, must_be in (("batch_size", "at least 1 " + AT_MOST), ("lr", "above 0"),
+                         ("dropout_rate", "at least 0 and below 1")):
+        config.write_text(json.dumps({key: HUGE}))
+        assert one_line(capsys, *fresh_train(data_dir, new, "--config", config)) == (
+            "error: %s: %s is %s, out of range: it must be %s" % (config, key, HUGE_SHOWN, must_be))
+    hparams = logdir / "hparams.json"
+    hparams.write_text(json.dumps({**json.loads(hparams.read_text()), "max_len_b": -HUGE}))
+    assert one_line(capsys, "translate.py", "--logdir", logdir, "eins") == (
+        "error: %s: max_len_b is -10000000000... (401 digits), out of range: it must be from 1 to 1000000"
+        % hparams)
+    assert not new.exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("flag", ["--port", "--beam_size"])
+def test_a_number_too_large_for_a_float_is_one_line_in_serve_py(tiny_model, capsys, flag):
+    code, _, err = run_in_process(capsys, "serve.py", serve.main, "--logdir", tiny_model[0], flag, HUGE)
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("error: %s %s is out of range: it must be " % (flag, HUGE_SHOWN)), err
 
 
 def as_from_a_terminal():

@@ -1,12 +1,15 @@
 """Reading files: UTF-8 text lines one at a time ('\\r\\n', a missing final newline, a byte-order
 mark and gzip compression are fine; invalid UTF-8 is a line naming where), JSON and the types of
-its values (the one schema check of every JSON file), the cleaning every input line gets, and the
+its values (the one schema check of every JSON file), numbers of any size a range check
+compares and a line shows, the cleaning every input line gets, and the
 sha256 digests that fingerprint a data dir's vocabulary and downloads."""
 import gzip
 import hashlib
 import io
 import json
+import math
 import os
+import sys
 import unicodedata
 import zlib
 
@@ -145,6 +148,38 @@ def type_problem(values, schema, fpath, remedy, where=""):
                     % (fpath, where + key, json.dumps(values[key])[:80], type_names(types),
                        remedy))
     return None
+
+
+def is_finite_number(value):
+    """Whether value is a number a range check can compare: an integer or a float (true and false
+    are none), finite as a float. An integer too large for a float, which a flag or a JSON file
+    may hold, is not finite: math.isfinite would raise OverflowError on it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+#: Digits of an integer that a line shows in full; a longer one is shown by its first digits.
+SHOWN_DIGITS = 24
+
+
+def shown_number(value):
+    """How a line shows a value given where a number belongs: a number as Python writes it, but an
+    integer of more than SHOWN_DIGITS digits by its first ones and how many it has (one of 401
+    digits stays a short line); anything else as JSON."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            text = str(value)
+        except ValueError:  # beyond Python's limit of digits in a conversion
+            return "an integer of over %d digits" % sys.get_int_max_str_digits()
+        digits = len(text.lstrip("-"))
+        return text if digits <= SHOWN_DIGITS else "%s... (%d digits)" % (text[:12], digits)
+    if isinstance(value, float):
+        return str(value)
+    return json.dumps(value)[:80]
 
 
 def check_types(values, schema, fpath, remedy, where=""):

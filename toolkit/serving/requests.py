@@ -6,7 +6,6 @@ aiohttp's log of a broken connection (a request line too long, a client gone mid
 line, since neither is the server's fault."""
 import json
 import logging
-import math
 import re
 import sys
 import urllib.parse
@@ -16,6 +15,7 @@ from aiohttp import web, web_protocol, web_server
 
 from toolkit.serving.batcher import ApiError
 from toolkit.base.errors import UserError
+from toolkit.base.reading import is_finite_number, shown_number
 
 #: serve.py's numeric flags: (flag, lowest, highest). A wait or timeout past a day would overflow
 #: the clocks of the queue; the other highest values only keep the numbers finite.
@@ -33,9 +33,9 @@ def check_flags(args):
     of its range."""
     for flag, lowest, highest in SERVE_RANGES:
         value = getattr(args, flag)
-        if not (math.isfinite(value) and lowest <= value <= highest):
+        if not (is_finite_number(value) and lowest <= value <= highest):
             raise UserError("--%s %s is out of range: it must be from %s to %s"
-                            % (flag, value, lowest, highest))
+                            % (flag, shown_number(value), lowest, highest))
 
 
 async def read_fields(request):
