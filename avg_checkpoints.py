@@ -30,7 +30,7 @@ from toolkit.base.cli import OneLineParser, run_cli
 from toolkit.training.logdir import (AVERAGED_PREFIX, checkpoint_state, is_averaged,
                                      load_trained_hparams, logdir_lock, open_checkpoint, reading,
                                      remove_partial_checkpoints)
-from toolkit.base.writing import check_writable_dir
+from toolkit.base.writing import check_path_name, check_writable_dir
 
 tf1 = tf.compat.v1
 
@@ -64,7 +64,8 @@ def parse_args(argv):
     if args.last < 1:
         raise UserError("--last must be at least 1, not %d" % args.last)
     args.output = args.output or "%slast%d" % (AVERAGED_PREFIX, args.last)
-    if not args.output.startswith(AVERAGED_PREFIX) or os.sep in args.output:
+    check_path_name(args.output, "output", "a checkpoint name")  # LOGDIR/OUTPUT-STEP.*
+    if not args.output.startswith(AVERAGED_PREFIX):
         raise UserError("--output %s must be a file name starting with %s, so that later averages "
                         "and training runs can tell it from train.py's checkpoints"
                         % (args.output, AVERAGED_PREFIX))

@@ -44,7 +44,7 @@ from toolkit.base.errors import UserError, writing
 from toolkit.base.ids import PAD_ID
 from toolkit.training.logdir import pinned_checkpoint
 from toolkit.base.writing import check_writable_dir
-from toolkit.base.writing import staging_dir
+from toolkit.base.writing import publish, staging_dir
 from toolkit.translating.trained_model import TrainedModel, trained_hparams
 
 tf1 = tf.compat.v1
@@ -140,8 +140,8 @@ def save_model(sess, export_dir, inputs, outputs, asset):
             assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS),
             strip_default_attrs=True)
         builder.save()
-        # a link to a directory: followed
-        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))
+        # a link to a directory: followed; what appeared there meanwhile: refused
+        publish(os.path.join(tmp, "model"), export_dir, "export_dir")
 
 
 @contextlib.contextmanager
@@ -173,8 +173,8 @@ def export_ctranslate2(hp, ckpt, bpe_model, export_dir, quantization, manifest):
             weights = ctranslate2_engine.checkpoint_weights(path)
         ctranslate2_engine.write_model(weights, hp, bpe_model, os.path.join(tmp, "model"),
                                        quantization, settings)
-        # a link to a directory: followed
-        os.replace(os.path.join(tmp, "model"), os.path.realpath(export_dir))
+        # a link to a directory: followed; what appeared there meanwhile: refused
+        publish(os.path.join(tmp, "model"), export_dir, "export_dir")
     return ckpt
 
 

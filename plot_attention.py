@@ -33,7 +33,7 @@ def main(argv=None):
     from toolkit.translating.attention_plots import check_plot_dir
     from toolkit.translating.trained_model import read_dirs, trained_hparams
     runtime.start_graph_mode()  # before anything of TensorFlow's runs
-    check_plot_dir(args.dir, "dir", {}, read_dirs(trained_hparams(args.logdir, {})))
+    check_plot_dir(args.dir, "dir", {}, read_dirs(trained_hparams(args.logdir, {}), args.ckpt))
     return translate.main(["--logdir", args.logdir, "--plot_attention", args.dir]
                           + (["--ckpt", args.ckpt] if args.ckpt else []) + ["--"] + args.sentences)
 

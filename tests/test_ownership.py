@@ -3,6 +3,7 @@ writes an output over one of its inputs or over a file of a logdir or data dir i
 the path is spelt (relative, a symbolic link, a hard link). Each refusal is one line, and nothing
 on disk changes."""
 import os
+import shutil
 
 import pytest
 import tensorflow as tf
@@ -170,3 +171,93 @@ def test_a_logdir_and_a_data_dir_never_share_a_directory(model, tmp_path, capsys
             "and will not replace them: move them, or pass another --data_dir" % mine)
     assert sorted(os.listdir(mine)) == ["bpe.model", "train.1"] and (mine / "train.1").read_text() == "my corpus\n"
     assert snapshot(logdir, data_dir) == before
+
+
+def other_run(logdir, tmp_path):
+    """A copy of the run as another run's logdir, and its latest checkpoint there: what --ckpt names when a tool
+    reads a checkpoint outside its --logdir."""
+    other = shutil.copytree(logdir, tmp_path / "other")
+    return other, other / os.path.basename(tf.train.latest_checkpoint(str(logdir)))
+
+
+def test_no_output_replaces_the_checkpoint_it_reads_or_goes_among_its_files(model, tmp_path, capsys):  # noqa: F811
+    logdir, data_dir = model
+    other, ckpt = other_run(logdir, tmp_path)
+    before = snapshot(logdir, data_dir, other)
+    for suffix in (".index", ".data-00000-of-00001"):
+        output = "%s%s" % (ckpt, suffix)
+        assert one_line(capsys, "translate.py", "--logdir", logdir, "--ckpt", ckpt, "--output", output, "eins") == (
+            "error: --output %s is %s, a file of the checkpoint's directory %s: it would be replaced by the output; "
+            "pass another --output" % (output, os.path.basename(output), other))
+    among = "is the checkpoint's directory %s: the outputs would go among the files it reads" % other
+    assert one_line(capsys, "test.py", "--logdir", logdir, "--ckpt", ckpt, "--testdir", other) == (
+        "error: --testdir %s %s; pass another --testdir" % (other, among))
+    testdir = tmp_path / "tests"
+    testdir.mkdir()
+    os.link("%s.index" % ckpt, testdir / "hypotheses.txt")
+    assert one_line(capsys, "test.py", "--logdir", logdir, "--ckpt", ckpt, "--testdir", testdir) == (
+        "error: --testdir %s: its hypotheses.txt is %s.index, a file of the checkpoint's directory %s: it would be "
+        "replaced by the output; pass another --testdir" % (testdir, ckpt.name, other))
+    assert one_line(capsys, "plot_attention.py", "--logdir", logdir, "--ckpt", ckpt, "--dir", other, "eins") == (
+        "error: --dir %s %s; pass another --dir" % (other, among))
+    assert one_line(capsys, "translate.py", "--logdir", logdir, "--ckpt", ckpt, "--plot_attention", other,
+                    "eins") == "error: --plot_attention %s %s; pass another --plot_attention" % (other, among)
+    assert snapshot(logdir, data_dir, other) == before
+    import export
+    from in_process import run_in_process
+    model_dir = tmp_path / "ct2"  # read as a whole by translate.py --engine ctranslate2 --model
+    code, _, err = run_in_process(capsys, "export.py", export.main, "--logdir", logdir, "--ckpt", ckpt,
+                                  "--export_dir", model_dir, "--format", "ctranslate2")
+    assert code == 0, err
+    exported = snapshot(model_dir)
+    assert one_line(capsys, "translate.py", "--engine", "ctranslate2", "--model", model_dir, "--output",
+                    model_dir / "model.bin", "eins") == (
+        "error: --output %s is model.bin, a file of the model directory %s: it would be replaced by the output; "
+        "pass another --output" % (model_dir / "model.bin", model_dir))
+    assert snapshot(model_dir) == exported
+
+
+@pytest.mark.parametrize("how", ["savedmodel", "ctranslate2", "argos"])
+def test_an_export_never_replaces_what_appeared_at_its_path_while_it_ran(model, tmp_path, capsys,  # noqa: F811
+                                                                         monkeypatch, how):
+    from toolkit.translating import argos_package, ctranslate2_engine
+    logdir, _ = model
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    target = exports / ("de_en.argosmodel" if how == "argos" else "model")
+    module, step = {"savedmodel": (tf.compat.v1.saved_model.Builder, "save"),
+                    "ctranslate2": (ctranslate2_engine, "write_model"),
+                    "argos": (argos_package, "zip_folder")}[how]
+    original = getattr(module, step)
+
+    def step_then_a_file_appears(*args, **kwargs):  # the last step before the output is published
+        result = original(*args, **kwargs)
+        target.write_text("mine\n")
+        return result
+
+    monkeypatch.setattr(module, step, step_then_a_file_appears)
+    flags = [] if how == "savedmodel" else ["--format", how]
+    assert one_line(capsys, "export.py", "--logdir", logdir, "--export_dir", target, *flags) == (
+        "error: --export_dir %s already exists (it appeared while the export ran, and is left as it was): remove it "
+        "or choose another" % target)
+    assert target.read_text() == "mine\n" and os.listdir(exports) == [target.name]
+
+
+@pytest.mark.parametrize("tool, flag, value", [
+    ("export.py", "--from_code", "de/../../elsewhere"), ("export.py", "--to_code", ".."),
+    ("export.py", "--from_code", "de\nen"), ("avg_checkpoints.py", "--output", "avg_last1/../../elsewhere"),
+    ("avg_checkpoints.py", "--output", "avg_last1\nx"),
+    ("avg_checkpoints.py", "--output", "last1\nx")])
+def test_names_that_become_paths_hold_only_letters_digits_hyphens_and_underscores(model, tmp_path, capsys,  # noqa: F811
+                                                                                  tool, flag, value):
+    logdir, data_dir = model
+    (tmp_path / "exports").mkdir()
+    before = snapshot(logdir, data_dir, tmp_path)
+    args = (["--export_dir", tmp_path / "exports" / "de_en.argosmodel", "--format", "argos", "--from_name", "German",
+             "--to_name", "English"] if tool == "export.py"
+            else ["--last", "1"])
+    what = "a language code" if tool == "export.py" else "a checkpoint name"
+    assert one_line(capsys, tool, "--logdir", logdir, *args, flag, value) == (
+        "error: %s %s: %s may hold only ASCII letters, digits, '-' and '_' (it becomes part of a path); pass "
+        "another %s" % (flag, ascii(value), what, flag))
+    assert snapshot(logdir, data_dir, tmp_path) == before and not (tmp_path / "elsewhere").exists()

@@ -6,6 +6,7 @@ locks (one writer at a time) and whether their holder is alive.
 
 Every text file the toolkit writes is UTF-8 with one line per sentence and '\\n' line endings."""
 import contextlib
+import errno
 import fcntl
 import glob
 import json
@@ -197,6 +198,47 @@ def check_output_dir(directory, flag, inputs, dirs, written):
     for entry in entries:
         check_not_an_input(entry.path, flag, inputs, dirs,
                            said=f"--{flag} {directory}: its {entry.name}")
+
+
+#: What a name that becomes part of a path (a language code, a checkpoint's name) may hold: no
+#: separator, no '..', nothing a shell or a line of text would mangle.
+PATH_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_path_name(value, flag, what):
+    """Raises UserError unless ``value`` (given as --flag; ``what``: what it names, e.g. "a
+    language code") is a name that can be part of a path as it is: ASCII letters, digits, '-' and
+    '_' only, so that it never leads out of the directory it is meant for."""
+    if not PATH_NAME.fullmatch(value):
+        raise UserError(f"--{flag} {ascii(value)}: {what} may hold only ASCII letters, digits, '-' "
+                        f"and '_' (it becomes part of a path); pass another --{flag}")
+
+
+def publish(staged, target, flag):
+    """Moves ``staged``, an output (a file or a directory) finished in a staging dir beside
+    ``target`` (given as --flag; a symbolic link: its target), into place, if ``target`` is still
+    new (a directory: new or empty). The check and the move are one step of the kernel (a hard link,
+    or a rename that refuses a directory that is not empty), so that a file that appeared at
+    ``target`` while the output was made is refused, never replaced. Every export publishes so."""
+    destination = os.path.realpath(target)
+    try:
+        if os.path.isdir(staged):
+            os.rename(staged, destination)  # replaces only an empty directory
+            return
+        try:
+            os.link(staged, destination)  # never replaces anything
+        except OSError as error:  # a file system without hard links: checked, then renamed
+            if error.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR) or os.path.lexists(
+                    destination):
+                raise
+            os.rename(staged, destination)
+            return
+        os.unlink(staged)
+    except OSError as error:
+        if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise
+        raise UserError(f"--{flag} {target} already exists (it appeared while the export ran, and "
+                        f"is left as it was): remove it or choose another") from None
 
 
 def check_not_owned(directory, flag, owners):

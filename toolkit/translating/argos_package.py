@@ -25,7 +25,7 @@ import numpy as np
 from toolkit.translating import ctranslate2_engine
 from toolkit.base.errors import UserError, writing
 from toolkit.base.writing import check_writable_file, write_json
-from toolkit.base.writing import staging_dir
+from toolkit.base.writing import PATH_NAME, check_path_name, publish, staging_dir
 from toolkit.version import __version__
 
 #: The argos_version field: the package layout of Argos Translate 1.9 and later, which this follows.
@@ -60,6 +60,9 @@ def check_flags(args):
     if given and args.format != "argos":
         raise UserError("--%s applies to --format argos only" % given[0])
     if args.format == "argos":
+        for flag in ("from_code", "to_code"):
+            if getattr(args, flag) is not None:
+                check_path_name(getattr(args, flag), flag, "a language code")
         check_output(args.export_dir)
 
 
@@ -83,6 +86,11 @@ def languages(args, manifest):
         if not code:
             raise UserError("the data dir's manifest names no %s language: pass --%s_code"
                             % (which, side))
+        # the manifest's code names the package's folder too
+        if not (isinstance(code, str) and PATH_NAME.fullmatch(code)):
+            raise UserError("the data dir's manifest names the %s language %s, which is no code "
+                            "of ASCII letters, digits, '-' and '_' (it becomes part of a path): "
+                            "pass --%s_code" % (which, ascii(code), side))
         name = getattr(args, side + "_name") or LANGUAGE_NAMES.get(code)
         if not name:
             raise UserError("no name known for the language code %s: pass --%s_name" % (code, side))
@@ -171,7 +179,8 @@ def write_package(weights, hp, bpe_model, path, quantization, langs, ckpt):
         with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
             f.write(readme(langs, hp, ckpt, quantization))
         zip_folder(root, os.path.join(tmp, "package.argosmodel"))
-        os.replace(os.path.join(tmp, "package.argosmodel"), path)
+        # what appeared at path meanwhile: refused, not replaced
+        publish(os.path.join(tmp, "package.argosmodel"), path, "export_dir")
 
 
 def export(args, hp, manifest, ckpt, bpe_model):

@@ -12,6 +12,8 @@ bench_serve.py):
 The precision (--precision auto) is resolved once, in trained_hparams, for the implementation
 (--impl) the model is built in; the model's shape and data dir come from hparams.json.
 """
+import os
+
 import sentencepiece as spm
 import tensorflow as tf
 
@@ -19,9 +21,12 @@ from decoding import DecodingSettings, translate
 from hparams import DECODING_FLAGS, resolved
 from model import ModelConfig
 from toolkit.base import machine
+from toolkit.base.errors import UserError
+from toolkit.base.writing import same_file
 from toolkit.data.datadir import bpe_model_path
 from fast import build_transformer
-from toolkit.training.logdir import load_trained_hparams, restore, trained_model_files
+from toolkit.training.logdir import (find_checkpoint, load_trained_hparams, restore,
+                                     trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -34,10 +39,25 @@ def trained_hparams(logdir, overrides, **values):
     return resolved(hp, precision=machine.resolved_precision(hp.impl, hp.precision), **values)
 
 
-def read_dirs(hp):
-    """{what: directory} of the directories a tool decoding with hp reads (its logdir and data dir),
-    whose files its outputs may not replace (outputs.check_not_an_input)."""
-    return {"logdir": hp.logdir, "data dir": hp.data_dir}
+def read_dirs(hp, ckpt=None):
+    """{what: directory} of the directories a tool decoding with hp reads: its logdir, its data dir
+    and the directory of the checkpoint it restores (ckpt, default hp.ckpt: --ckpt may name one in
+    another run's logdir). Its outputs may not be these directories nor replace a file in them, the
+    checkpoint's .index and .data-* files among them (writing.check_not_an_input and
+    check_output_dir, which compare files through links and hard links)."""
+    return {"logdir": hp.logdir, "data dir": hp.data_dir,
+            "checkpoint's directory": checkpoint_dir(hp, hp.ckpt if ckpt is None else ckpt)}
+
+
+def checkpoint_dir(hp, ckpt):
+    """The directory of the checkpoint a tool restores (find_checkpoint: ckpt, best, or the latest
+    of hp.logdir, which the index may list elsewhere); None when it is hp.logdir itself, or when
+    there is none (TrainedModel reports that, after the checks of the outputs)."""
+    try:
+        directory = os.path.dirname(find_checkpoint(hp.logdir, ckpt))
+    except UserError:
+        return None
+    return None if same_file(directory, hp.logdir) else directory
 
 
 def decoding_flags(given):
