@@ -284,11 +284,11 @@ def parse_flags(parser, argv, intermixed=False):
 
 #: What flags added after the first release meant before they existed: a logdir whose hparams.json
 #: lacks one was trained with this value (not the flag's current default).
-#: vocab_sha256 and bpe_sha256 (not flags: train.py records the data dir's, datadir.fingerprint)
-#: None: unknown, not compared (the vocabulary's size still is, and a data dir's bpe.model must
-#: match its bpe.vocab).
+#: vocab_sha256, bpe_sha256, src_lang and tgt_lang (not flags: train.py records the data dir's,
+#: datadir.fingerprint) None: unknown, not compared (the vocabulary's size still is, and a data
+#: dir's bpe.model must match its bpe.vocab).
 LEGACY_VALUES = {"lr_schedule": "noam", "precision": "fp32", "kernels": "tf", "impl": "fast",
-                 "vocab_sha256": None, "bpe_sha256": None}
+                 "vocab_sha256": None, "bpe_sha256": None, "src_lang": None, "tgt_lang": None}
 
 #: Flags that fix the shape of the graph and its variables: restored from hparams.json, never from
 #: the command line.
@@ -379,7 +379,8 @@ def check_ranges(hp, flags=None):
 #: The types of the values hparams.json holds besides flags (train.py records them
 #: from the data dir).
 RECORDED_TYPES = {"vocab_size": (int,), "vocab_sha256": (str, type(None)),
-                  "bpe_sha256": (str, type(None)), "data_dir": (str,)}
+                  "bpe_sha256": (str, type(None)), "data_dir": (str,),
+                  "src_lang": (str, type(None)), "tgt_lang": (str, type(None))}
 
 
 def expected_types(action):

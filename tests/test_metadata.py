@@ -2,12 +2,19 @@
 writes anything, a logdir that holds a run does not take another's weights, --config's file and
 values are named when wrong, and every JSON file the toolkit reads (best.json, manifest.json,
 hparams.json, configs) has the types of its values checked, ending a hand edit in one line."""
+import hashlib
 import json
 import os
 import re
+import shutil
 
+import pytest
 import tensorflow as tf
 
+import prepro
+import serve
+import translate
+from in_process import run_in_process
 from test_faults import fresh_train, model, one_line  # noqa: F401 (model: a fixture)
 from test_ownership import snapshot
 from toolkit.data.datadir import MANIFEST_NAME
@@ -164,3 +171,94 @@ def test_a_fifo_for_hparams_json_and_a_damaged_ids_file_are_one_line(model, tmp_
     assert line.startswith("error: %s holds %d bytes, not a whole number of uint16 ids: the data dir is damaged"
                            % (ids, os.path.getsize(ids))), line
     assert not (tmp_path / "new").exists()
+
+
+def exported(logdir, export_dir, capsys):
+    """logdir's model exported by export.py --format ctranslate2 to export_dir; its translate.json."""
+    import export
+    pytest.importorskip("ctranslate2")
+    assert export.main(["--logdir", str(logdir), "--export_dir", str(export_dir), "--format", "ctranslate2"]) == 0
+    capsys.readouterr()
+    return export_dir / "translate.json"
+
+
+#: What every line about a damaged translate.json ends with.
+EXPORT_AGAIN = "export the model again with export.py --format ctranslate2"
+
+
+def test_a_damaged_translate_json_is_one_line_in_translate_py_and_serve_py(model, tmp_path, capsys):  # noqa: F811
+    logdir, _ = model
+    settings = exported(logdir, tmp_path / "ct2", capsys)
+    original = json.loads(settings.read_text())
+    engine = ("--engine", "ctranslate2", "--model", tmp_path / "ct2")
+    cases = [
+        ("[]", "%s is not a settings file of export.py (not a JSON object): %s" % (settings, EXPORT_AGAIN)),
+        ("{}", "%s: the key beam_size is missing: %s" % (settings, EXPORT_AGAIN)),
+        ('{"beam_size": 4, "beam_size": 1}',
+         'is not valid JSON (the key "beam_size" is given twice): %s' % EXPORT_AGAIN),
+        (json.dumps({**original, "beam_size": "4"}), '%s: beam_size is "4" but must be an integer: %s'
+         % (settings, EXPORT_AGAIN)),
+        (json.dumps({**original, "nbest": 2}),
+         "%s: nbest is not a key export.py writes: %s" % (settings, EXPORT_AGAIN)),
+        (json.dumps({**original, "maxlen1": 0}),
+         "%s: maxlen1 is 0, out of range: it must be at least 2 and at most 2147483647" % settings),
+        (json.dumps({**original, "max_len_b": 10 ** 400}),
+         "%s: max_len_b is 100000000000... (401 digits), out of range: it must be from 1 to 1000000" % settings),
+    ]
+    for text, expected in cases:
+        settings.write_text(text)
+        line = one_line(capsys, "translate.py", *engine, "eins")
+        assert line.startswith("error: ") and line.endswith(expected), (text, line)
+        code, _, err = run_in_process(capsys, "serve.py", serve.main, *engine)
+        assert code == 2 and err == line + "\n", (text, err)
+    settings.unlink()
+    os.mkfifo(settings)  # read, it would block forever
+    assert one_line(capsys, "translate.py", *engine, "eins") == (
+        "error: %s is not a regular file: %s" % (settings, EXPORT_AGAIN))
+    settings.unlink()
+    settings.write_text("\ufeff" + json.dumps(original), encoding="utf-8")  # as some editors save it
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, *engine, "eins")
+    assert code == 0 and out.strip(), err
+
+
+def test_a_ctranslate2_model_dir_with_another_vocabularys_bpe_model_is_refused(model, tmp_path, capsys):  # noqa: F811
+    logdir, _ = model
+    settings = exported(logdir, tmp_path / "ct2", capsys)
+    engine = ("--engine", "ctranslate2", "--model", tmp_path / "ct2")
+    other = tmp_path / "other"
+    assert prepro.main(["--dataset", "numbers", "--n_train", "300", "--n_eval", "5", "--n_test", "5",
+                        "--vocab_size", "200", "--data_dir", str(other)]) == 0
+    bpe_model = tmp_path / "ct2" / "bpe.model"
+    original = bpe_model.read_bytes()
+    shutil.copyfile(other / "bpe.model", bpe_model)
+    expected = ("error: %s is not the sentencepiece model the model in %s was exported with (%s records another "
+                "sha256): put back the one it was exported with, or %s"
+                % (bpe_model, tmp_path / "ct2", settings, EXPORT_AGAIN))
+    assert one_line(capsys, "translate.py", *engine, "eins") == expected
+    code, _, err = run_in_process(capsys, "serve.py", serve.main, *engine)
+    assert (code, err) == (2, expected + "\n")
+    bpe_model.write_bytes(original)
+    saved = json.loads(settings.read_text())
+    assert saved["bpe_sha256"] == hashlib.sha256(original).hexdigest()
+    del saved["bpe_sha256"]  # a directory exported before the sentencepiece model was recorded
+    settings.write_text(json.dumps(saved))
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, *engine, "eins")
+    assert code == 0 and out.strip(), err
+
+
+def test_a_data_dir_of_the_other_direction_is_refused_naming_both(model, tmp_path, capsys):  # noqa: F811
+    """prepro.py --reverse on the same corpus: the same vocabulary, to the other side."""
+    logdir, data_dir = model
+    reverse = tmp_path / "reverse"
+    assert prepro.main(["--dataset", "numbers", "--n_train", "2000", "--n_eval", "50", "--n_test", "50",
+                        "--vocab_size", "300", "--data_dir", str(reverse), "--reverse"]) == 0
+    assert (reverse / "bpe.model").read_bytes() == (data_dir / "bpe.model").read_bytes()
+    expected = ("error: the data dir %s translates en->de (its %s) but the model in %s translates de->en: pass the "
+                "--data_dir it was trained on (%s), or one built in its direction"
+                % (reverse, MANIFEST_NAME, logdir, data_dir))
+    before = snapshot(logdir)
+    for tool, args in (("translate.py", ["eins"]), ("test.py", []),
+                       ("export.py", ["--export_dir", tmp_path / "x"])):
+        assert one_line(capsys, tool, "--logdir", logdir, "--data_dir", reverse, *args) == expected, tool
+    assert one_line(capsys, "train.py", "--logdir", logdir, "--data_dir", reverse, "--max_steps", "100") == expected
+    assert snapshot(logdir) == before and not (tmp_path / "x").exists()

@@ -328,11 +328,14 @@ def bpe_vocab_path(data_dir, manifest):
 
 def fingerprint(data_dir, manifest):
     """What ties a model to the data dir it was trained on, as recorded in hparams.json: vocab_size,
-    vocab_sha256 (of its BPE vocabulary: two vocabularies of the same size can still differ) and
-    bpe_sha256 (of its sentencepiece model)."""
+    vocab_sha256 (of its BPE vocabulary: two vocabularies of the same size can still differ),
+    bpe_sha256 (of its sentencepiece model) and its direction, src_lang and tgt_lang (prepro.py
+    --reverse builds the other direction with the same vocabulary)."""
+    source, target = languages(manifest)
     return {"vocab_size": manifest["vocab_size"],
             "vocab_sha256": sha256_file(bpe_vocab_path(data_dir, manifest)),
-            "bpe_sha256": sha256_file(bpe_model_path(data_dir, manifest))}
+            "bpe_sha256": sha256_file(bpe_model_path(data_dir, manifest)),
+            "src_lang": source, "tgt_lang": target}
 
 
 def check_vocab(hp, manifest, trained_data_dir):
@@ -352,6 +355,26 @@ def check_vocab(hp, manifest, trained_data_dir):
             raise UserError("the %s of %s is not the one the model in %s was trained with, "
                             "although the vocabulary has its size %d: %s"
                             % (what, hp.data_dir, hp.logdir, hp.vocab_size, remedy))
+    check_direction(hp, found, trained_data_dir)
+
+
+def check_direction(hp, found, trained_data_dir):
+    """A model reads a data dir of its own direction only (its references and the languages its
+    sentences are split by), where hparams.json records it (src_lang, tgt_lang: older logdirs lack
+    them). found: the data dir's fingerprint."""
+    model = (getattr(hp, "src_lang", None), getattr(hp, "tgt_lang", None))
+    given = (found["src_lang"], found["tgt_lang"])
+    if None in model or model == given:
+        return
+    if same_file(hp.data_dir, trained_data_dir):
+        remedy = ("it is the data dir it was trained on, rebuilt since (prepro.py --force) in "
+                  "another direction: rebuild it as it was built then")
+    else:
+        remedy = ("pass the --data_dir it was trained on (%s), or one built in its direction"
+                  % trained_data_dir)
+    raise UserError("the data dir %s translates %s->%s (its %s) but the model in %s translates "
+                    "%s->%s: %s" % (hp.data_dir, *given, MANIFEST_NAME, hp.logdir, *model,
+                                    remedy))
 
 
 def other_vocab_remedy(hp, trained_data_dir):

@@ -17,7 +17,8 @@ from toolkit.base.reading import read_json
 #: Keys of a hparams.json that --config passes over: the data dir's fingerprint (train.py records
 #: the data dir's own), the run's logdir (a new run's comes from the command line) and the file that
 #: run itself was given.
-CONFIG_SKIPPED = ("vocab_size", "vocab_sha256", "bpe_sha256", "logdir", "config")
+CONFIG_SKIPPED = ("vocab_size", "vocab_sha256", "bpe_sha256", "src_lang", "tgt_lang", "logdir",
+                  "config")
 
 
 def config_flags(fpath):

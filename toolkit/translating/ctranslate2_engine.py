@@ -7,8 +7,8 @@ it.
 
 A converted model directory holds CTranslate2's files (model.bin, config.json, the vocabularies),
 the data dir's sentencepiece model as bpe.model, and SETTINGS_FILE: the source length limit the
-model was trained with and the decoding settings fixed at export, which translate.py --engine
-ctranslate2 reads.
+model was trained with, the decoding settings fixed at export and the sha256 of bpe.model, which
+translate.py --engine ctranslate2 and serve.py read and check.
 
 How our variables map to CTranslate2's TransformerSpec (its linear weights are (out, in), our
 kernels (in, out)):
@@ -34,8 +34,9 @@ import shutil
 
 import numpy as np
 
-from hparams import check_ranges
+from hparams import check_ranges, range_error
 from toolkit.base.errors import UserError
+from toolkit.base.reading import check_types, read_json, sha256_file
 from toolkit.base.writing import write_json
 
 #: The settings file of a converted model directory.
@@ -46,6 +47,16 @@ BPE_MODEL = "bpe.model"
 MAX_POSITIONS = 1024
 #: Layer normalization epsilon of modules.ln.
 LN_EPSILON = 1e-6
+#: The types of SETTINGS_FILE's values: the decoding settings and the source length limit, and what
+#: export.py records besides (the checkpoint, the weights' type, the data dir's languages and the
+#: sha256 of BPE_MODEL).
+SETTINGS_TYPES = {"beam_size": int, "alpha": (float, int), "max_len_a": (float, int),
+                  "max_len_b": int, "maxlen1": int, "quantization": str, "checkpoint": str,
+                  "src_lang": str, "tgt_lang": str, "bpe_sha256": str}
+#: The keys of SETTINGS_FILE that every export has written.
+REQUIRED_SETTINGS = ("beam_size", "alpha", "max_len_a", "max_len_b", "maxlen1")
+#: What to do about a damaged model directory.
+EXPORT_AGAIN = "export the model again with export.py --format ctranslate2"
 
 
 def checkpoint_weights(ckpt):
@@ -132,8 +143,8 @@ def transformer_spec(weights, hp, pieces):
 
 def write_model(weights, hp, bpe_model, model_dir, quantization="float32", settings=None):
     """Writes a CTranslate2 model directory: the converted weights (quantized to int8, int16 or
-    float32), bpe_model copied as BPE_MODEL, and `settings` (a dict) as SETTINGS_FILE. model_dir
-    must not exist."""
+    float32), bpe_model copied as BPE_MODEL, and `settings` (a dict) with the sha256 of bpe_model
+    (bpe_sha256) as SETTINGS_FILE. model_dir must not exist."""
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_file=bpe_model)
     if sp.get_piece_size() != hp.vocab_size:
@@ -145,20 +156,23 @@ def write_model(weights, hp, bpe_model, model_dir, quantization="float32", setti
     os.makedirs(model_dir)
     spec.save(model_dir)
     shutil.copyfile(bpe_model, os.path.join(model_dir, BPE_MODEL))
-    write_json(os.path.join(model_dir, SETTINGS_FILE), settings or {})
+    write_json(os.path.join(model_dir, SETTINGS_FILE),
+               {**(settings or {}), "bpe_sha256": sha256_file(bpe_model)})
 
 
 def exported_hparams(model_dir, given, test_batch_size, threads):
     """The settings of model_dir (written by export.py --format ctranslate2) as hparams, with the
-    decoding flags given (a dict) on top; a UserError when model_dir is not given or not one."""
+    decoding flags given (a dict) on top, checked before any model is loaded; a UserError when
+    model_dir is not given or not one, or its SETTINGS_FILE or BPE_MODEL is damaged."""
     if not model_dir:
         raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py "
                         "--format ctranslate2")
     try:
         settings = read_settings(model_dir)
-    except (OSError, ValueError):
+    except OSError:
         raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
                         "(no readable %s)" % (model_dir, SETTINGS_FILE)) from None
+    check_bpe_model(model_dir, settings)
     decoding = {flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b")
                 if flag in given}
     hp = argparse.Namespace(**{**settings, "test_batch_size": test_batch_size, "threads": threads,
@@ -168,9 +182,43 @@ def exported_hparams(model_dir, given, test_batch_size, threads):
 
 
 def read_settings(model_dir):
-    """The SETTINGS_FILE dict of a converted model directory."""
-    with open(os.path.join(model_dir, SETTINGS_FILE), encoding="utf-8") as f:
-        return json.load(f)
+    """The SETTINGS_FILE dict of a converted model directory, read and checked as every JSON file
+    of the toolkit is (a FIFO, a key given twice, a byte-order mark: reading.read_json; the types
+    of its values; the ranges of the flags it holds): a hand edit is a UserError naming the file
+    and the key. OSError when there is no file to read."""
+    fpath = os.path.join(model_dir, SETTINGS_FILE)
+    if not os.path.lexists(fpath):
+        raise FileNotFoundError(fpath)
+    settings = read_json(fpath, EXPORT_AGAIN)
+    if not isinstance(settings, dict):
+        raise UserError("%s is not a settings file of export.py (not a JSON object): %s"
+                        % (fpath, EXPORT_AGAIN))
+    unknown = sorted(set(settings) - set(SETTINGS_TYPES))
+    if unknown:
+        raise UserError("%s: %s is not a key export.py writes: %s"
+                        % (fpath, json.dumps(unknown[0])[1:-1][:80], EXPORT_AGAIN))
+    missing = [key for key in REQUIRED_SETTINGS if key not in settings]
+    if missing:
+        raise UserError("%s: the key %s is missing: %s" % (fpath, missing[0], EXPORT_AGAIN))
+    check_types(settings, SETTINGS_TYPES, fpath, EXPORT_AGAIN)
+    problem = range_error(argparse.Namespace(**settings), settings, where=fpath)
+    if problem:
+        raise UserError(problem)
+    return settings
+
+
+def check_bpe_model(model_dir, settings):
+    """Refuses a model directory whose BPE_MODEL is not the file it was exported with, as the
+    sha256 in its settings says (another vocabulary's would segment text into other ids than the
+    model's, and translate garbage); one exported before the sha256 was recorded is not compared."""
+    path = os.path.join(model_dir, BPE_MODEL)
+    if not os.path.isfile(path):  # a FIFO would block the digest
+        raise UserError("%s is missing or not a regular file: %s" % (path, EXPORT_AGAIN))
+    if settings.get("bpe_sha256") not in (None, sha256_file(path)):
+        raise UserError("%s is not the sentencepiece model the model in %s was exported with (%s "
+                        "records another sha256): put back the one it was exported with, or %s"
+                        % (path, model_dir, os.path.join(model_dir, SETTINGS_FILE),
+                           EXPORT_AGAIN))
 
 
 #: CTranslate2's threads within one batch when --threads is 0. On small machines its own default
