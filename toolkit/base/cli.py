@@ -18,8 +18,8 @@ class Terminated(KeyboardInterrupt):
 
 
 def interrupted_exit_code(interrupt):
-    """The exit code of a tool ended by a KeyboardInterrupt: 143 for SIGTERM (Terminated), 130 for
-    Ctrl-C."""
+    """The exit code of a tool ended by a KeyboardInterrupt: 143 for SIGTERM (Terminated),
+    130 for Ctrl-C."""
     return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
 
 
@@ -85,8 +85,8 @@ def run_cli(main):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are a user error's one line and exit code (the usage is in
-    --help).
+    """An ArgumentParser whose errors are a user error's one line and exit code
+    (the usage is in --help).
 
     unrecognized_hint: what to add to the message about an unrecognized flag, e.g. where the flag's
     value comes from instead."""

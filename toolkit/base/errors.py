@@ -66,8 +66,8 @@ def is_disk_full(error):
 
 
 def free_space(path):
-    """The space left on the file system holding path (or its nearest existing parent), e.g. "12.0
-    MB"."""
+    """The space left on the file system holding path (or its nearest existing parent),
+    e.g. "12.0 MB"."""
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)

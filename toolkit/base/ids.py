@@ -27,8 +27,8 @@ def ids_dtype(vocab_size):
 
 
 class IdsWriter:
-    """Appends lines of ids to SPLIT.SIDE.ids and their offsets to SPLIT.SIDE.offsets, chunk by
-    chunk."""
+    """Appends lines of ids to SPLIT.SIDE.ids and their offsets to SPLIT.SIDE.offsets,
+    chunk by chunk."""
 
     def __init__(self, ids_path, offsets_path, dtype):
         """ids_path, offsets_path: the two files (created or truncated). dtype: see ids_dtype."""

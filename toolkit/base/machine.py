@@ -43,8 +43,8 @@ def cpu_info(path="/proc/cpuinfo"):
 
 def native_bf16(flags, max_isa=None):
     """Whether oneDNN runs bfloat16 matrix products natively: the CPU has avx512_bf16 or amx_bf16,
-    and max_isa (the value of ONEDNN_MAX_CPU_ISA, None when unset) does not cap oneDNN below
-    them."""
+    and max_isa (the value of ONEDNN_MAX_CPU_ISA, None when unset) does not cap oneDNN
+    below them."""
     if not any(flag in flags for flag in BF16_FLAGS):
         return False
     return max_isa is None or max_isa.strip().upper() in BF16_ISAS
@@ -104,8 +104,8 @@ def resolved_precision(impl, precision):
 def session_config(hp):
     """Session settings: --threads intra-op threads (0: every core) and as many inter-op threads, so
     that the small independent ops of a step (layer norms, softmaxes, bias adds, Adam's updates)
-    overlap instead of queueing behind each other (docs/log/performance-log.md has the
-    measurement)."""
+    overlap instead of queueing behind each other
+    (docs/log/performance-log.md has the measurement)."""
     import tensorflow as tf  # here: this module is imported before TensorFlow
     threads = hp.threads or usable_cores()
     return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
@@ -122,9 +122,9 @@ def machine_summary():
 
 
 def onednn_isa():
-    """The instruction set oneDNN reports using for its kernels in this environment (e.g. "Intel
-    AVX2"), read from ONEDNN_VERBOSE output of a small matmul in a subprocess; None if it does not
-    say."""
+    """The instruction set oneDNN reports using for its kernels in this environment
+    (e.g. "Intel AVX2"), read from ONEDNN_VERBOSE output of a small matmul in a subprocess;
+    None if it does not say."""
     code = ("import toolkit.base.runtime, tensorflow as tf; "
             "tf.compat.v1.disable_eager_execution(); x = "
             "tf.ones([64, 64]); tf.compat.v1.Session().run(tf.matmul(x, x))")
@@ -152,14 +152,14 @@ def release_freed_memory():
     return True
 
 
-#: madvise's advice to reclaim pages now (Linux 5.4 and later): clean pages of a file are dropped at
-#: once.
+#: madvise's advice to reclaim pages now (Linux 5.4 and later): clean pages of a file are
+#: dropped at once.
 MADV_PAGEOUT = 21
 
 
 def library_mappings(maps="/proc/self/maps"):
-    """(start, end) of this process's read-only mappings of shared libraries (.so files), from
-    maps."""
+    """(start, end) of this process's read-only mappings of shared libraries (.so files),
+    from maps."""
     ranges = []
     with open(maps) as f:
         for line in f:

@@ -45,8 +45,8 @@ KERAS_BLOCKED = "keras.src.optimizers"
 if "keras" not in sys.modules:
     sys.modules.setdefault(KERAS_BLOCKED, None)
 
-#: Abseil's notice, written before TensorFlow's first start-up record, that it logs before being
-#: initialized.
+#: Abseil's notice, written before TensorFlow's first start-up record, that it logs
+#: before being initialized.
 ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written to "
                "STDERR")
 #: The start of an Abseil log record (severity letter, date, time, thread, file:line]).

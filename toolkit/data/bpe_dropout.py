@@ -19,8 +19,8 @@ another process, where this one is seeded by us.
     merges = Merges.from_model("data/multi30k/bpe.model")
     ids = segment_lines(lines_of_pieces, merges, 0.1, seeded_draw([1234, epoch]))
 
-Words are segmented one by one: a piece that starts with "▁" starts a word, and no merge crosses
-words.
+Words are segmented one by one: a piece that starts with "▁" starts a word, and no merge
+crosses words.
 """
 import dataclasses
 import random
@@ -37,8 +37,8 @@ WORD_START = "\u2581"
 @dataclasses.dataclass
 class Merges:
     """A BPE model as merges: ids, piece -> id; scores, piece -> score of every piece a merge can
-    make (two or more characters, not a special piece such as <s>): the merges' ranks, higher
-    first."""
+    make (two or more characters, not a special piece such as <s>):
+    the merges' ranks, higher first."""
     ids: dict
     scores: dict
 
@@ -55,8 +55,8 @@ class Merges:
 
 
 def segment_word(word, scores, rate, draw):
-    """The pieces of one word (a string) by BPE with merges dropped at `rate` (see the module
-    docstring).
+    """The pieces of one word (a string) by BPE with merges dropped at `rate`
+    (see the module docstring).
 
     scores: Merges.scores. draw: a function returning uniform floats in [0, 1), called (never when
     rate is 0) at each step for each pair that would outrank the best pair kept so far: whether a
@@ -77,8 +77,8 @@ def segment_word(word, scores, rate, draw):
 
 
 def words(pieces):
-    """The words of a line given as its pieces (strings): each piece that starts with "▁" starts a
-    word."""
+    """The words of a line given as its pieces (strings): each piece that starts with "▁"
+    starts a word."""
     word = ""
     for piece in pieces:
         if piece.startswith(WORD_START) and word:
@@ -100,7 +100,7 @@ def segment_lines(lines, merges, rate, draw):
 
 def seeded_draw(entropy):
     """draw() for segment_word: uniform floats from Python's Mersenne Twister seeded from numpy's
-    SeedSequence(entropy) (a list of ints), the same sequence in every process and on every
-    platform."""
+    SeedSequence(entropy) (a list of ints), the same sequence in every process
+    and on every platform."""
     return random.Random(int(np.random.SeedSequence(entropy).generate_state(1,
                                                                             np.uint64)[0])).random

@@ -50,15 +50,15 @@ def is_empty_pair(source, target):
 
 def pair_hash(source, target):
     """A 64-bit hash of a pair, to count repeats without holding the pairs (two different pairs
-    share one with a chance of about n^2 / 2^65 among n pairs: 1 in a million for 4.5 million
-    pairs)."""
+    share one with a chance of about n^2 / 2^65 among n pairs: 1 in a million
+    for 4.5 million pairs)."""
     digest = hashlib.blake2b(f"{source}\n{target}".encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 
 def first_occurrences(hashes):
-    """(n,) bool: whether each pair (by hash) is the first of its kind; their count is n minus the
-    repeats."""
+    """(n,) bool: whether each pair (by hash) is the first of its kind; their count is
+    n minus the repeats."""
     first = np.zeros(len(hashes), bool)
     first[np.unique(np.asarray(hashes, np.uint64), return_index=True)[1]] = True
     return first
@@ -153,8 +153,8 @@ def vocab_size_message(error_text, vocab_size):
 def encode_chunk(processor, lines, pieces):
     """The BPE ids of each line (lists of int; an empty line has none) and the lines as pieces
     joined by spaces, encoded by every core. pieces: the vocabulary's pieces by id; a line with
-    <unk> (a character the sample did not see) is segmented again to keep its own pieces in the
-    text."""
+    <unk> (a character the sample did not see) is segmented again to keep its own pieces
+    in the text."""
     ids = processor.encode(lines, out_type=int, num_threads=os.cpu_count())
     texts = [" ".join(processor.encode(line, out_type=str)) if UNK_ID in line_ids else
              " ".join([pieces[i] for i in line_ids]) for line, line_ids in zip(lines, ids)]
@@ -195,14 +195,13 @@ def build_data_dir(data_dir, splits, options, sources=None, downloads=None, forc
                    chunk_lines=CHUNK_LINES, sample_sentences=BPE_SAMPLE_SENTENCES, bpe_model=None):
     """Write a complete data directory from a corpus and return its manifest.
 
-    ``splits`` maps train/eval/test to (source_lines, target_lines) of raw text, each re-iterable (a
-    list or
-    corpora.LinesOf: they are streamed, never held); ``options`` must hold dataset, vocab_size,
-    dedup, filter_ratio, max_ratio, src_lang and tgt_lang plus any other option that shaped the
-    input; ``sources`` names where each side came from (keys train1 ... test2). chunk_lines: lines
-    encoded at a time;
-    sample_sentences: see BPE_SAMPLE_SENTENCES; bpe_model: a BpeModel to segment with instead of
-    training one. Does nothing if ``data_dir`` already holds the same build.
+    ``splits`` maps train/eval/test to (source_lines, target_lines) of raw text, each re-iterable
+    (a list or corpora.LinesOf: they are streamed, never held); ``options`` must hold dataset,
+    vocab_size, dedup, filter_ratio, max_ratio, src_lang and tgt_lang plus any other option that
+    shaped the input; ``sources`` names where each side came from (keys train1 ... test2).
+    chunk_lines: lines encoded at a time; sample_sentences: see BPE_SAMPLE_SENTENCES;
+    bpe_model: a BpeModel to segment with instead of training one. Does nothing if ``data_dir``
+    already holds the same build.
     """
     data_dir = Path(data_dir)
     check_data_dir(data_dir)
@@ -342,8 +341,8 @@ def chunks(iterable, size):
 
 def write_split(data_dir, split, clean, processor, options, chunk_lines=CHUNK_LINES):
     """Encode the kept pairs of a CleanSplit, chunk_lines at a time, and write the split's text, BPE
-    text and ids files; returns its manifest entry. Length-ratio outliers leave train only with
-    --filter_ratio."""
+    text and ids files; returns its manifest entry. Length-ratio outliers leave train
+    only with --filter_ratio."""
     files = split_files(split)
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     dtype = ids_dtype(processor.get_piece_size())

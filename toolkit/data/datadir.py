@@ -12,8 +12,8 @@ A data directory (default ``data/NAME``) holds::
     eval.1 eval.2 test.1 test.2
     train.1.bpe ... test.2.bpe    the same lines as sentencepiece pieces joined by single spaces
                                   (an empty line stays empty)
-    train.1.ids, train.1.offsets  the same lines as BPE ids, which training memory-maps
-                                  (idsfile.py):
+    train.1.ids, train.1.offsets  the same lines as BPE ids, which training
+                                  memory-maps (idsfile.py):
     ... test.2.ids, test.2.offsets  uint16 (int32 from 65536 pieces on), and int64 line offsets
     download/                     cached downloads (multi30k, iwslt2016 only)
 
@@ -162,8 +162,8 @@ def check_build_owned(data_dir):
                         f"or pass another --data_dir")
 
 
-#: Prefix of the directory inside --data_dir where a build is written before publish moves it into
-#: place.
+#: Prefix of the directory inside --data_dir where a build is written before publish moves
+#: it into place.
 STAGING_PREFIX = ".build-"
 
 
@@ -316,8 +316,8 @@ def split_paths(data_dir, manifest, split):
 
 
 def bpe_model_path(data_dir, manifest):
-    """The path of the data dir's sentencepiece model, which segments text into the vocabulary's
-    pieces."""
+    """The path of the data dir's sentencepiece model, which segments text into
+    the vocabulary's pieces."""
     return os.path.join(data_dir, manifest["bpe_model"])
 
 
@@ -342,8 +342,8 @@ def check_vocab(hp, manifest, trained_data_dir):
     """A model can only read a data dir whose vocabulary and sentencepiece model it was trained
     with: same size and, where hparams.json records them (vocab_sha256, bpe_sha256: older logdirs
     lack the latter), the same files. The data dir's own bpe.model and bpe.vocab agree with each
-    other (check_files), so an older logdir whose data dir had its bpe.model swapped is refused
-    too."""
+    other (check_files), so an older logdir whose data dir had its bpe.model swapped
+    is refused too."""
     remedy = other_vocab_remedy(hp, trained_data_dir)
     if manifest["vocab_size"] != hp.vocab_size:
         raise UserError("vocab size %d of %s does not match vocab size %d of the model in %s: %s"
@@ -398,8 +398,8 @@ RANGE_CHECK_IDS = 1 << 24
 
 
 def damaged(data_dir, what):
-    """The UserError for a data dir whose file is missing or damaged: what is wrong, and to rebuild
-    it."""
+    """The UserError for a data dir whose file is missing or damaged: what is wrong,
+    and to rebuild it."""
     return UserError(f"{what}: the data dir is damaged; rebuild it with `python prepro.py "
                      f"--data_dir {data_dir} "
                      "--force` and the options it was built with")
@@ -435,8 +435,8 @@ def check_files(data_dir, manifest, splits):
 
 
 def check_bpe_model(data_dir, manifest):
-    """bpe.model loads, and its pieces are those of bpe.vocab (the vocabulary the model's ids
-    index)."""
+    """bpe.model loads, and its pieces are those of bpe.vocab
+    (the vocabulary the model's ids index)."""
     model_path, vocab_path = data_dir / manifest["bpe_model"], data_dir / manifest["bpe_vocab"]
     try:
         processor = spm.SentencePieceProcessor(model_file=str(model_path))
@@ -450,8 +450,8 @@ def check_bpe_model(data_dir, manifest):
 
 
 def check_split(data_dir, manifest, split):
-    """Every side of a split, and its references, has the manifest's number of lines; ids are in
-    range."""
+    """Every side of a split, and its references, has the manifest's number of lines;
+    ids are in range."""
     entry, expected = manifest["splits"][split], manifest["splits"][split]["lines"]
     counts = {}
     for side in SIDES:

@@ -66,8 +66,8 @@ def save(sess, g, hp, epoch, epoch_step, name):
 
 
 def last_good_checkpoint(g):
-    """The newest checkpoint that the Saver wrote or restored in this run and whose files exist, or
-    None."""
+    """The newest checkpoint that the Saver wrote or restored in this run and whose files exist,
+    or None."""
     existing = [path for path in g.saver.last_checkpoints if tf1.train.checkpoint_exists(path)]
     return existing[-1] if existing else None
 

@@ -9,17 +9,17 @@ takes its rows of the global batch, is toolkit/training/step.py's.
         while not any(agree_to_stop(sess, votes, signal, out_of_time)):  # before every step
             step.run(sess, ...)
 
---distribute none         one process, one device: no strategy; the step runs once on the whole
-                          batch.
+--distribute none         one process, one device: no strategy; the step runs once on the
+                          whole batch.
 --distribute mirrored     one process, several devices (--devices, default every GPU):
                           tf.distribute.MirroredStrategy.
 --distribute multiworker  one process per host (or per CPU worker), tf.compat.v1
                           MultiWorkerMirroredStrategy; the cluster and this process's place in it
                           come from the TF_CONFIG environment variable, e.g. {"cluster": {"worker":
                           ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}.
-                          Each process serves its part of the graph on a tf.distribute.Server and
-                          runs its session on that server; worker 0 (or the "chief" task) is the
-                          chief.
+                          Each process serves its part of the graph on a tf.distribute.Server
+                          and runs its session on that server; worker 0 (or the "chief" task)
+                          is the chief.
 
 Every process reads the same sequence of global batches (same files, same seed). Variables are
 mirrored: their checkpoint names are those of a single-process run, so checkpoints move freely
@@ -80,8 +80,8 @@ def parse_devices(devices):
 
 
 def cpu_device_count(devices):
-    """How many CPU devices a session must create for devices (["/cpu:0", "/cpu:1", "/gpu:0"] ->
-    2)."""
+    """How many CPU devices a session must create for devices
+    (["/cpu:0", "/cpu:1", "/gpu:0"] -> 2)."""
     indices = [tf.DeviceSpec.from_string(d).device_index or 0 for d in devices
                if tf.DeviceSpec.from_string(d).device_type.upper() == "CPU"]
     return max(indices, default=0) + 1
@@ -188,8 +188,8 @@ def agree_to_stop(sess, votes, signal, out_of_time):
 
 def agree_on_total(sess, votes, total, is_chief):
     """Every process calls this at the same step with its own estimate of the learning-rate
-    schedule's end step; all of them return the chief's (the one process that times the dev
-    evaluations)."""
+    schedule's end step; all of them return the chief's (the one process that times
+    the dev evaluations)."""
     if votes.total.mean is votes.total.mine:
         return int(total)
     chief_total, chiefs = sess.run(votes.total.mean,
@@ -199,8 +199,8 @@ def agree_on_total(sess, votes, total, is_chief):
 
 def checkpoint_fingerprint(ckpt):
     """A number naming a checkpoint path by its file name (hosts may mount the logdir elsewhere):
-    crc32 of the name modulo 2^24, so that its square is exact in float64; None (no checkpoint) ->
-    -1."""
+    crc32 of the name modulo 2^24, so that its square is exact in float64;
+    None (no checkpoint) -> -1."""
     return -1 if ckpt is None else zlib.crc32(os.path.basename(ckpt).encode("utf-8")) % 2 ** 24
 
 

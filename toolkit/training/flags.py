@@ -86,8 +86,8 @@ def check_resume_init(logdir, given):
 
 def init_model_flags(given, source):
     """The model-shape flags (hparams.MODEL_FLAGS but the vocabulary's size, which comes from the
-    data dir) of the
-    --init_from run `source`; a flag given with another value is a UserError naming it."""
+    data dir) of the --init_from run `source`; a flag given with another value is
+    a UserError naming it."""
     shape = {flag: getattr(source, flag) for flag in MODEL_FLAGS if flag != "vocab_size"}
     for flag, value in shape.items():
         if flag in given and given[flag] != value:

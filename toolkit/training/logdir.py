@@ -146,9 +146,8 @@ def load_trained_hparams(logdir, overrides):
 
 
 def save_variable_specs(logdir):
-    """Writes the name and shape of every trainable variable, and the total parameter count, to
-    LOGDIR/specs.txt.
-    Returns the count."""
+    """Writes the name and shape of every trainable variable, and the total parameter count,
+    to LOGDIR/specs.txt. Returns the count."""
     lines, total = [], 0
     for v in tf1.trainable_variables():
         shape = v.shape.as_list()
@@ -201,8 +200,8 @@ def open_checkpoint(ckpt, remedy):
 @contextlib.contextmanager
 def reading(ckpt, remedy):
     """A checkpoint whose files can not be read (an .index or .data file cut short, damaged, not a
-    checkpoint) while the block reads it is a UserError naming it, the reader's reason and
-    ``remedy``."""
+    checkpoint) while the block reads it is a UserError naming it, the reader's reason
+    and ``remedy``."""
     try:
         yield
     # the reader raises OpError, IndexError, ... depending on the damage
@@ -231,8 +230,8 @@ def is_averaged(ckpt):
     return os.path.basename(ckpt).startswith(AVERAGED_PREFIX)
 
 
-#: What follows a checkpoint's name in the names of its files (a user may pass --ckpt with one of
-#: them).
+#: What follows a checkpoint's name in the names of its files
+#: (a user may pass --ckpt with one of them).
 CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 
 #: The name of a file TensorFlow writes a checkpoint file through (renamed into place when
@@ -261,8 +260,8 @@ CHECKPOINT_STEP = re.compile(r"-(\d+)$")
 def checkpoints_on_disk(logdir):
     """A CheckpointState listing the checkpoints in logdir (their .index files), oldest first by
     global step (then by time), with a note on stderr naming the newest; None when there is none.
-    The best checkpoint (BEST-STEP), which the index never lists, counts only when no other is
-    left."""
+    The best checkpoint (BEST-STEP), which the index never lists, counts only when no other
+    is left."""
     names = [name[:-len(".index")] for name in os.listdir(logdir)
              if name.endswith(".index")] if os.path.isdir(
         logdir) else []
@@ -394,8 +393,8 @@ def restore_pinned(sess, ckpt, logdir, saver):
                                 % (ckpt, logdir, difference, logdir, existing))
             saved = {name for name, _ in tf.train.list_variables(path)}
             missing = [v for v in tf1.global_variables() if v.op.name not in saved]
-            # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at initial
-            # values
+            # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at
+            # initial values
             if missing:
                 sess.run(tf1.variables_initializer(missing))
                 saver = tf1.train.Saver([v for v in tf1.global_variables() if v not in missing])
@@ -451,8 +450,8 @@ def checkpoint_files(ckpt):
 
 
 def remove_stale_pins(logdir):
-    """Deletes the pinned_checkpoint directories of readers that died before removing them
-    (killed)."""
+    """Deletes the pinned_checkpoint directories of readers that died before
+    removing them (killed)."""
     remove_stale(logdir, PIN_PREFIX)
 
 
@@ -492,8 +491,8 @@ def whole_records_size(path):
 
 
 class NullWriter:
-    """Stands in for tf1.summary.FileWriter on the processes that are not the chief
-    (distributed.py)."""
+    """Stands in for tf1.summary.FileWriter on the processes that are not
+    the chief (distributed.py)."""
 
     def add_summary(self, summary, step):
         """Drops summary."""
@@ -506,8 +505,8 @@ class NullWriter:
 
 
 class EventsFile:
-    """The summary writer of a run (None: a worker that writes no summaries) and the events file it
-    writes."""
+    """The summary writer of a run (None: a worker that writes no summaries)
+    and the events file it writes."""
 
     def __init__(self, logdir=None, graph=None):
         if logdir is None:
@@ -590,8 +589,8 @@ def record_dev_bleu(logdir, ckpt, step, bleu):
 
 
 def link_or_copy(source, target):
-    """Makes target a hard link to source (a copy where links can not be made), replacing target at
-    once."""
+    """Makes target a hard link to source (a copy where links can not be made),
+    replacing target at once."""
     temporary = "%s.%d.tmp" % (target, os.getpid())
     try:
         os.link(source, temporary)

@@ -1,7 +1,7 @@
 """A training step of train.py, in one place: the loss of a batch and its gradients
 (Transformer.train), summed over --accum_steps batches when they accumulate, added up over the
-replicas of a cluster, Adam's update (Section 5.3) on the learning-rate schedule, and the step's
-summaries.
+replicas of a cluster, Adam's update (Section 5.3) on the learning-rate schedule, and
+the step's summaries.
 
     step = build_step(hp, xs, ys, cluster)      # before any other part of the model
     loss, tokens, batches, summaries = step.run(sess, write_summaries)
@@ -72,8 +72,8 @@ class TrainStep:
 
 def make_optimizer(hp, global_step):
     """Adam (Section 5.3; the implementation's optimizer) on the learning-rate schedule of
-    hp.lr_schedule. Returns optimizer, lr, and the variable that holds the schedule's end step
-    (schedule_total_steps).
+    hp.lr_schedule. Returns optimizer, lr, and the variable that holds the schedule's
+    end step (schedule_total_steps).
 
     Under --precision fp16 it is wrapped in dynamic loss scaling (Micikevicius et al., 2018): the
     loss is multiplied by a scale before differentiation so that small float16 gradients do not

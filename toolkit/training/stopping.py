@@ -20,8 +20,8 @@ from toolkit.training.logdir import read_best
 
 class Budget:
     """Where training ends, in global steps, and the end step of a decaying learning-rate schedule
-    (SCHEDULE_TOTAL_STEPS, saved with the checkpoints, so a resumed run continues the same
-    schedule).
+    (SCHEDULE_TOTAL_STEPS, saved with the checkpoints, so a resumed run continues
+    the same schedule).
 
     --max_steps and --num_epochs are steps from the start. --max_minutes becomes steps once warm-up
     has ended (and at least MEASURED_STEPS steps of this run were timed): the step rate measured in
@@ -78,8 +78,8 @@ class Budget:
         self.eval_seconds.append(seconds)
 
     def after_step(self, step):
-        """Called after every training step with the new global step; fixes a time budget once it
-        can."""
+        """Called after every training step with the new global step;
+        fixes a time budget once it can."""
         self.run_steps += 1
         if self.run_steps == 1:
             print("first step of this run %.1f s after start" % (time.time() - self.started),
@@ -101,8 +101,8 @@ class Budget:
 
 def steps_in_time(step, rate, seconds_left, eval_seconds, steps_between_evals):
     """The global step that training at `rate` steps/s reaches in seconds_left from `step`, when a
-    dev evaluation of eval_seconds comes every steps_between_evals steps (0: none before the
-    end)."""
+    dev evaluation of eval_seconds comes every steps_between_evals steps
+    (0: none before the end)."""
     if steps_between_evals and eval_seconds:
         seconds_left -= math.floor(seconds_left / (steps_between_evals / rate
                                                    + eval_seconds)) * eval_seconds
@@ -120,8 +120,8 @@ def check_patience(hp):
 
 
 def early_stop(hp, best):
-    """Why --patience ends training (a phrase) given best.json's dict (logdir.read_best), or
-    None."""
+    """Why --patience ends training (a phrase) given best.json's dict (logdir.read_best),
+    or None."""
     if not (hp.patience and best and best["evals_without_gain"] >= hp.patience):
         return None
     return ("--patience %d: %d dev evaluations in a row without a better BLEU than %.2f, that of %s"
@@ -130,8 +130,8 @@ def early_stop(hp, best):
 
 def nothing_to_do(hp, budget, step, epoch):
     """The line a resumed run prints when its logdir has already trained to the end of its budget or
-    stopped early (--patience), naming that end and how to train longer; None when there is training
-    left."""
+    stopped early (--patience), naming that end and how to train longer;
+    None when there is training left."""
     stopped = early_stop(hp, read_best(hp.logdir))
     if stopped:
         return ("nothing to do: %s stopped early, %s; to train longer, resume with a higher "
@@ -180,8 +180,8 @@ class StopRequest:
             self._doing = previous
 
     def exit_code(self):
-        """128 + the number of the signal received (130 for SIGINT, 143 for SIGTERM), 0 without
-        one."""
+        """128 + the number of the signal received (130 for SIGINT, 143 for SIGTERM),
+        0 without one."""
         return 128 + self.signum if self.signum else 0
 
     def _handle(self, signum, frame):

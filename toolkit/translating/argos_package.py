@@ -77,8 +77,8 @@ def check_output(path):
 
 
 def languages(args, manifest):
-    """{from_code, from_name, to_code, to_name}: the flags given, else the data dir's manifest and
-    LANGUAGE_NAMES."""
+    """{from_code, from_name, to_code, to_name}: the flags given, else the data dir's manifest
+    and LANGUAGE_NAMES."""
     found = {"from_code": args.from_code or manifest.get("src_lang"),
              "to_code": args.to_code or manifest.get("tgt_lang")}
     for side, which in (("from", "source"), ("to", "target")):

@@ -90,8 +90,8 @@ def check_plot_dir(directory, flag, inputs, dirs):
 
 
 class AttentionPlots:
-    """Writes the PNGs of --plot_attention DIR: the positional encoding at once, then those of each
-    line."""
+    """Writes the PNGs of --plot_attention DIR: the positional encoding at once,
+    then those of each line."""
 
     def __init__(self, directory, sp, d_model):
         self.directory, self.sp = directory, sp
@@ -105,8 +105,8 @@ class AttentionPlots:
         return [self.sp.id_to_piece(int(i)) for i in ids]
 
     def write(self, number, sources, part_results):
-        """One PNG per part of input line `number`: DIR/NNNN.png, or DIR/NNNN-P.png for a split
-        line."""
+        """One PNG per part of input line `number`: DIR/NNNN.png,
+        or DIR/NNNN-P.png for a split line."""
         for part, (source, (ids, _, attention)) in enumerate(zip(sources, part_results), 1):
             target = [int(i) for i in ids[0] if i != PAD_ID]
             name = "%04d.png" % number if len(sources) == 1 else "%04d-%d.png" % (number, part)

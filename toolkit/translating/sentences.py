@@ -51,8 +51,8 @@ def read_pair(source, reference, flags):
 
 def stdin_lines():
     """Yields each line of standard input as soon as it is complete, without its line ending; None
-    for a line that is not valid UTF-8. Shows a prompt on stderr when standard input is a
-    terminal."""
+    for a line that is not valid UTF-8. Shows a prompt on stderr when
+    standard input is a terminal."""
     interactive = sys.stdin.isatty()
     if interactive:
         print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr)
@@ -94,9 +94,9 @@ def split_pieces(pieces, limit):
 
 
 def prepare(text, sp, limit):
-    """Raw text -> (parts, notes): parts is a list of source id lists, each ending in </s> and at
-    most limit + 1 long ([] for an empty line); notes are the things to tell the user about this
-    line."""
+    """Raw text -> (parts, notes): parts is a list of source id lists, each ending in </s>
+    and at most limit + 1 long ([] for an empty line); notes are the things to tell the user
+    about this line."""
     if text is None:
         return [], [INVALID_NOTE]
     pieces = sp.encode(clean_line(text), out_type=str)
@@ -131,8 +131,8 @@ def nbest_texts(part_results, sp):
 
 def output_lines(number, entries, nbest):
     """The lines printed for input line `number` (1-based): the best text, or with nbest > 1 up to
-    nbest lines `number-1 ||| text ||| score`. entries: [(text, score)], best first; [] for an empty
-    line."""
+    nbest lines `number-1 ||| text ||| score`. entries: [(text, score)], best first;
+    [] for an empty line."""
     if nbest == 1:
         return [entries[0][0] if entries else ""]
     return ["%d ||| %s ||| %.4f" % (number - 1, text, score) for text, score in entries] or [
@@ -150,8 +150,8 @@ def prepare_line(text, sp, limit, split=None):
     or with split (documents.split of the source language) of its sentences and the text
     between them; prepare()'s parts of each segment; and the notes about the line. A line with
     nothing to translate (empty, or not valid UTF-8) is (None, [], notes). Line breaks inside
-    the line (a sentence given as an argument may have them) are read as spaces: one line in, one
-    out."""
+    the line (a sentence given as an argument may have them) are read as spaces:
+    one line in, one out."""
     if text is None:
         return None, [], [INVALID_NOTE]
     document = Document(" ".join(text.splitlines()), "text", split)

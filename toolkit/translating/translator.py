@@ -75,9 +75,9 @@ class Translator:
         return self.beams[beam]
 
     def score(self, sources, targets):
-        """sources, targets: lists of N id lists, each ending in </s>. Returns per pair (log
-        p(target | source), log p / length penalty), in batches of batch_size pairs taken in
-        order."""
+        """sources, targets: lists of N id lists, each ending in </s>. Returns per pair
+        (log p(target | source), log p / length penalty), in batches of batch_size pairs
+        taken in order."""
         scores = []
         for start in range(0, len(sources), self.batch_size):
             (x, x_seqlen), (y, _) = (pad(ids[start:start + self.batch_size]) for ids

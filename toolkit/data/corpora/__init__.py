@@ -12,8 +12,8 @@ from toolkit.base.reading import iter_lines
 
 SPLITS = ("train", "eval", "test")
 SIDES = (1, 2)
-#: The command-line flag naming each (split, side) file of --dataset files: train1, train2, ...,
-#: test2.
+#: The command-line flag naming each (split, side) file of --dataset files:
+#: train1, train2, ..., test2.
 FILE_FLAGS = {(split, side): f"{split}{side}" for split in SPLITS for side in SIDES}
 
 
@@ -30,8 +30,8 @@ def check_same_length(count1, count2, name1, name2):
 
 
 class LinesOf:
-    """The lines of a text file (see toolkit.base.reading.iter_lines), read anew each time they are
-    iterated."""
+    """The lines of a text file (see toolkit.base.reading.iter_lines), read anew each time
+    they are iterated."""
 
     def __init__(self, path):
         self.path = path
@@ -46,8 +46,8 @@ def unzip_pairs(pairs):
 
 
 def pair_up(lines, sources):
-    """{(split, side): lines} -> {split: (lines1, lines2)}, checking that both sides have equal
-    length."""
+    """{(split, side): lines} -> {split: (lines1, lines2)}, checking that both sides
+    have equal length."""
     splits = {}
     for split in SPLITS:
         check_same_length(len(lines[split, 1]), len(lines[split, 2]), sources[FILE_FLAGS[split, 1]],
@@ -72,8 +72,8 @@ def file_splits(paths):
 
 def reversed_corpus(splits, sources):
     """The corpus with its two sides swapped, and the names of where each side came from with them,
-    so that side 1 is the other language's text and a model trained on it translates the other
-    direction."""
+    so that side 1 is the other language's text and a model trained on it translates
+    the other direction."""
     swapped = {split: (lines2, lines1) for split, (lines1, lines2) in splits.items()}
     names = {FILE_FLAGS[split, 3 - side]: sources[FILE_FLAGS[split, side]]
              for split in SPLITS for side in SIDES if FILE_FLAGS[split, side] in sources}

@@ -1,5 +1,5 @@
-"""Downloading and unpacking the public corpora (Multi30k task 1, IWSLT 2016 de-en), cached in
-DATA_DIR/download.
+"""Downloading and unpacking the public corpora (Multi30k task 1, IWSLT 2016 de-en),
+cached in DATA_DIR/download.
 
 A download is written atomically beside a record of its URL, so an interrupted one is fetched again;
 archives whose members could land outside the extraction directory are refused whole.

@@ -1,8 +1,8 @@
 """The synthetic German -> English corpus of numbers and dates (offline, deterministic for a seed).
 
-Numbers use the German compound numerals ('einundzwanzig') and British English ('one hundred and
-one'); dates use ordinals and spoken years ('neunzehnhundertvierundachtzig', 'nineteen
-eighty-four').
+Numbers use the German compound numerals ('einundzwanzig') and British English
+('one hundred and one'); dates use ordinals and spoken years ('neunzehnhundertvierundachtzig',
+'nineteen eighty-four').
 """
 import calendar
 import random
@@ -126,8 +126,8 @@ def english_ordinal(day):
 
 
 def english_year(year):
-    """English year: 1984 -> 'nineteen eighty-four', 1905 -> 'nineteen oh five', 2014 -> 'two
-    thousand and fourteen'."""
+    """English year: 1984 -> 'nineteen eighty-four', 1905 -> 'nineteen oh five',
+    2014 -> 'two thousand and fourteen'."""
     if year >= 2000:
         return english_cardinal(year)
     century, rest = divmod(year, 100)
