@@ -50,12 +50,12 @@ from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.serving.batcher import ApiError
 from toolkit.base.errors import UserError
 from toolkit.base.cli import run_cli
-from toolkit.serving.requests import (ApiRunner, check_flags, connection_logger, expect_handler,
-                                      read_fields, shown)
+from toolkit.serving.requests import (ApiRunner, check_flags, connection_logger, escaped,
+                                      expect_handler, read_fields, shown)
 from toolkit.translating.trained_model import decoding_flags, trained_hparams
 from toolkit.translating.ctranslate2_engine import exported_hparams
-from toolkit.serving.libretranslate import (TranslatedFiles, cors_headers, cors_origins,
-                                            frontend_settings, uploaded_document)
+from toolkit.serving.libretranslate import (TranslatedFiles, content_disposition, cors_headers,
+                                            cors_origins, frontend_settings, uploaded_document)
 from toolkit.serving.service import candidates, language_name
 from toolkit.serving.service import Service, nonnegative_int, translation_body
 
@@ -139,9 +139,10 @@ async def translate_handler(request):
     alternatives = nonnegative_int(fields, "alternatives", service.most_alternatives,
                                    "--max_alternatives, or --beam_size - 1")
     attention = service.wants_attention(fields)
-    detections = service.detect_source(items) if fields.get("source") == "auto" else None
-    entries, maps, request["sentences"] = await service.translate_documents(
-        [service.document(item, fmt) for item in items], attention, service.beam_for(alternatives))
+    detections = await service.off_loop(service.detect_source, items) \
+        if fields.get("source") == "auto" else None
+    entries, maps, request["sentences"] = await service.translate_texts(
+        items, fmt, attention, service.beam_for(alternatives))
     return web.json_response(translation_body(fields, entries, alternatives,
                                               maps if attention else None, detections))
 
@@ -153,9 +154,8 @@ async def translate_file_handler(request):
     service.items({"q": text})
     service.check_languages(fields)
     if fields.get("source") == "auto":
-        service.detect_source([text])
-    entries, _, request["sentences"] = await service.translate_documents(
-        [service.document(text, fmt)])
+        await service.off_loop(service.detect_source, [text])
+    entries, _, request["sentences"] = await service.translate_texts([text], fmt)
     key = request.app["files"].add(entries[0][0][0].encode("utf-8"), name)
     return web.json_response({"translatedFileUrl": str(request.url.join(
         request.app.router["download"].url_for(key=key)))})
@@ -163,15 +163,14 @@ async def translate_file_handler(request):
 
 async def download_handler(request):
     data, name = request.app["files"].get(request.match_info["key"])
-    return web.Response(body=data, headers={
-        "Content-Disposition": 'attachment; filename="%s"' % name.replace('"', "")})
+    return web.Response(body=data, headers={"Content-Disposition": content_disposition(name)})
 
 
 async def detect_handler(request):
     service, fields = request.app["service"], await read_fields(request)
     service.check_key(fields)
     items = service.items(fields)
-    return web.json_response(candidates("\n".join(items)))
+    return web.json_response(await service.off_loop(candidates, "\n".join(items)))
 
 
 async def settings_handler(request):
@@ -205,16 +204,16 @@ async def log_and_errors(request, handler):
     except web.HTTPException as error:  # aiohttp's own: 404, 405, 413
         response = web.json_response({"error": error.text or error.reason}, status=error.status)
     except ConnectionError:  # the client left before its request was read: nobody to answer
-        print("%s %s client disconnected" % (request.method, request.path), file=sys.stderr,
-              flush=True)
+        print("%s %s client disconnected" % (request.method, escaped(request.path)),
+              file=sys.stderr, flush=True)
         return web.Response(status=400)
     # a bug or a failed model run: a 500, the server goes on
     except Exception as error:  # noqa: BLE001
         traceback.print_exc()
         response = web.json_response({"error": "internal error: %s" % error}, status=500)
     response.headers.update(cors)
-    print("%s %s %d %d sentences %.0f ms"
-          % (request.method, request.path, response.status, request["sentences"],
+    print("%s %s %d %d sentences %.0f ms"  # the path escaped: a client's %0A is no new line
+          % (request.method, escaped(request.path), response.status, request["sentences"],
                                              1000 * (time.monotonic() - start)), file=sys.stderr,
           flush=True)
     return response

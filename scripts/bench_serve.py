@@ -12,7 +12,9 @@ translate.py's sentences/s over the input (model loading excluded: translate.tra
 last line is one JSON object with all of it: "engines" (per engine its "levels" and "server_rss_mb"; the first
 engine's also at the top level) and "ratio": the first engine's sentences/s at the most clients over
 translate.py's. Clients are threads on keep-alive connections, in this process: on a small machine they take CPU
-from the server too.
+from the server too. Per engine, "languages_under_long_requests": the slowest GET /languages while one request of
+5,000 characters of punctuation and one at the server's --char_limit are worked on (languages_slowest_ms), the
+slowest alone (languages_usual_ms), and those two requests' status and ms.
 """
 import argparse
 import http.client
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -137,6 +140,50 @@ def load_level(server, pair, sentences, clients, seconds):
             "rejected_429": sum(status == 429 for status, _ in results)}
 
 
+def timed_request(server, method, path, body=None):
+    """(status, ms) of one request on a new connection (status 0 for a connection error)."""
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=600)
+    start = time.monotonic()
+    try:
+        connection.request(method, path, body, {"Content-Type": "application/json"} if body else {})
+        response = connection.getresponse()
+        response.read()
+        status = response.status
+    except (OSError, http.client.HTTPException):
+        status = 0
+    finally:
+        connection.close()
+    return status, 1000 * (time.monotonic() - start)
+
+
+def languages_under_long_requests(server, pair, sentences):
+    """How /languages answers while long requests run: its slowest answer (ms) alone (10 tries) and
+    while one request of 5,000 characters of punctuation and one at the server's --char_limit (the
+    input's sentences repeated) are worked on, polled on new connections until both are answered;
+    with those requests' status and ms."""
+    usual = max(timed_request(server, "GET", "/languages")[1] for _ in range(10))
+    limit = json.loads(urllib.request.urlopen(server.url + "frontend/settings", timeout=60).read())["charLimit"]
+    text = " ".join(sentences)
+    texts = {"punctuation_5k": ".," * 2500, "at_char_limit": (text * (limit // len(text) + 1))[:limit]}
+    answers = {}
+
+    def ask(name):
+        status, ms = timed_request(server, "POST", "/translate",
+                                   json.dumps({"q": texts[name], "source": pair[0], "target": pair[1]}))
+        answers[name] = {"chars": len(texts[name]), "status": status, "ms": round(ms, 1)}
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in texts]
+    for thread in threads:
+        thread.start()
+    waits = []
+    while len(answers) < len(texts):
+        waits.append(timed_request(server, "GET", "/languages")[1])
+    for thread in threads:
+        thread.join()
+    return {"languages_usual_ms": round(usual, 1), "languages_slowest_ms": round(max(waits), 1),
+            "languages_answers": len(waits), "long_requests": answers}
+
+
 def translate_py_speed(decoding_flags, sentences):
     """translate.py's sentences/s over sentences: its translate_all, timed without loading the model."""
     import translate
@@ -219,7 +266,12 @@ def serve_levels(engine, flags, sentences, levels, seconds):
                   "p50 %%(p50_ms)s ms, p95 %%(p95_ms)s ms, %%(failed)d failed, %%(rejected_429)d 429s" % engine
                   % figures[-1], flush=True)
         rss_end = server.rss_mb()
-    return {"levels": figures, "server_rss_mb": {"start": round(rss_start, 1), "end": round(rss_end, 1)}}
+        under_long = languages_under_long_requests(server, pair, sentences)
+        print("%s: /languages answered in %%(languages_slowest_ms).1f ms at most (%%(languages_answers)d answers) "
+              "while the long requests ran; %%(languages_usual_ms).1f ms at most alone" % engine % under_long,
+              flush=True)
+    return {"levels": figures, "server_rss_mb": {"start": round(rss_start, 1), "end": round(rss_end, 1)},
+            "languages_under_long_requests": under_long}
 
 
 def ctranslate2_flags(args, decoding):

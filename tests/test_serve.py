@@ -296,6 +296,56 @@ def test_a_three_sentence_paragraph_comes_back_as_three_translated_sentences_wit
     assert default_beam_server.stderr().splitlines()[-1].startswith("POST /translate 200 3 sentences")
 
 
+#: Above spaCy's limit of 1,000,000 characters.
+BIG_CHAR_LIMIT = 1_100_000
+
+
+@pytest.fixture(scope="module")
+def big_limit_server(tiny_model):
+    """serve.py splitting sentences (the default), with a --char_limit above spaCy's limit."""
+    logdir, data_dir = tiny_model
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, "--char_limit", str(BIG_CHAR_LIMIT)]) \
+            as running:
+        yield running
+
+
+def timed_get(server, path):
+    """Seconds until GET path is answered (200) on a new connection."""
+    start = time.monotonic()
+    with urllib.request.urlopen(server.url + path, timeout=120) as response:
+        assert response.status == 200
+        response.read()
+    return time.monotonic() - start
+
+
+def test_long_requests_leave_languages_answering_and_a_text_over_spacy_s_limit_is_a_4xx(big_limit_server):
+    """5,000 characters of punctuation (spaCy's tokenizer took seconds on them, on the event loop) and a request at
+    the character limit, above spaCy's own: /languages answers within its usual time all along."""
+    usual = max(timed_get(big_limit_server, "languages") for _ in range(5))
+    long_requests = {"punctuation": ".," * 2500, "at the limit": ("Ein Satz. " * BIG_CHAR_LIMIT)[:BIG_CHAR_LIMIT]}
+    answers, done = {}, []
+
+    def ask(name):
+        answers[name] = post(big_limit_server, "translate", {"q": long_requests[name], "source": "de",
+                                                             "target": "en"}, key="")
+        done.append(time.monotonic())
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in long_requests]
+    for thread in threads:
+        thread.start()
+    waits = []
+    while len(done) < len(threads):
+        waits.append((timed_get(big_limit_server, "languages"), time.monotonic()))
+    for thread in threads:
+        thread.join()
+    assert all(status < 500 for status, _ in answers.values()), answers
+    assert answers["at the limit"][0] == 400 and "--max_sentences" in answers["at the limit"][1]["error"]
+    assert "Traceback" not in big_limit_server.stderr()
+    # some /languages answers came while the long requests were being worked on, each within its usual time
+    assert waits and waits[0][1] < max(done)
+    assert max(wait for wait, _ in waits) < usual + 1.5, (usual, sorted(waits)[-3:])
+
+
 def test_cors_origins_allows_the_origins_named_only(default_beam_server):
     assert preflight(default_beam_server, "https://one.example")[1]["Access-Control-Allow-Origin"] \
         == "https://one.example"
@@ -343,6 +393,20 @@ def fields_json(**extra):
                        **extra}).encode()
 
 
+BOUNDARY = b"b0und4ry"
+
+
+def multipart_body(file_name=None, content=SENTENCE.encode(), part_headers=b"", key=KEY):
+    """A multipart form of source de, target en, api_key and q (content; part_headers added to its part), or with
+    file_name (the Content-Disposition parameter as sent, e.g. b'filename="a.txt"') a file part instead."""
+    def part(disposition, body, extra=b""):
+        return b"--%s\r\nContent-Disposition: form-data; %s\r\n%s\r\n%s\r\n" % (BOUNDARY, disposition, extra, body)
+    last = part(b'name="file"; ' + file_name, content, b"Content-Type: text/plain\r\n" + part_headers) if file_name \
+        else part(b'name="q"', content, part_headers)
+    return (part(b'name="source"', b"de") + part(b'name="target"', b"en")
+            + part(b'name="api_key"', key.encode()) + last + b"--%s--\r\n" % BOUNDARY)
+
+
 MALFORMED = {
     "json nested 20,000 deep": (b"application/json", b'{"q": ' + b"[" * 20000 + b"]" * 20000 + b"}",
                                 400, "nested too deep"),
@@ -362,6 +426,15 @@ MALFORMED = {
                                      400, "form body cannot be read"),
     "multipart without boundary": (b"multipart/form-data", b"--x\r\n\r\nq\r\n--x--\r\n", 400,
                                    "multipart body cannot be read"),
+    "a part in an unknown transfer encoding": (
+        b"multipart/form-data; boundary=" + BOUNDARY,
+        multipart_body(part_headers=b"Content-Transfer-Encoding: x-klingon\r\n"), 400, "x-klingon"),
+    "a file part in an unknown transfer encoding": (
+        b"multipart/form-data; boundary=" + BOUNDARY,
+        multipart_body(b'filename="a.txt"', part_headers=b"Content-Transfer-Encoding: x-klingon\r\n"), 400,
+        "x-klingon"),
+    "a raw NUL in a part's header": (b"multipart/form-data; boundary=" + BOUNDARY,
+                                     multipart_body(b'filename="a\x00b.txt"'), 400, "multipart body cannot be read"),
     "charset klingon": (b"application/json; charset=klingon", fields_json(), 400,
                         "charset 'klingon' is not supported"),
     "non-ascii api_key from a client": (b"application/json",
@@ -449,6 +522,49 @@ def test_a_64_kb_request_line_and_a_client_gone_mid_body_are_one_log_line_each(s
     assert "LineTooLong" in lines[0] and "client disconnected" in lines[1]
 
 
+#: File names a client may send, as their Content-Disposition parameter: line breaks, NUL and other control
+#: characters (RFC 5987 escapes or raw bytes), quotes, backslashes, non-ASCII and a line separator.
+FILE_NAMES = {
+    "CR LF and a header": b"filename*=UTF-8''a%0D%0AX-Injected%3A%201%0D%0A.txt",
+    "a NUL": b"filename*=UTF-8''a%00b.txt",
+    "an escape sequence and a tab": b"filename*=UTF-8''a%1B%5B31m%09b.txt",
+    "a Windows path": b'filename="C:\\Users\\a b.txt"',
+    "quotes and backslashes": b'filename="a\\"b\\\\c\'d.html"',
+    "non-ASCII and a line separator": b"filename*=UTF-8''%C3%9Cbung%E2%80%A8zwei.txt",
+}
+
+
+def download(server, url):
+    """GET of a translatedFileUrl (its host is the request's Host header: x) from the server."""
+    return urllib.request.urlopen(server.url + urllib.parse.urlsplit(url).path.lstrip("/"), timeout=60)
+
+
+@pytest.mark.parametrize("case", sorted(FILE_NAMES))
+def test_an_upload_of_any_file_name_downloads_and_each_request_is_one_log_line(server, case):
+    expected = post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"})[1]["translatedText"]
+    before = len(server.stderr().splitlines())
+    status, answer = send(server, http("translate_file", multipart_body(FILE_NAMES[case]),
+                                       b"multipart/form-data; boundary=" + BOUNDARY))
+    assert status == 200, answer
+    with download(server, json.loads(answer)["translatedFileUrl"]) as answer:
+        assert answer.read().decode("utf-8") == expected
+        disposition = answer.headers["Content-Disposition"]
+    assert disposition.startswith("attachment; filename=") and disposition.isascii() and disposition.isprintable()
+    lines = server.stderr().splitlines()[before:]
+    assert len(lines) == 2 and lines[0].startswith("POST /translate_file 200 "), lines
+    assert lines[1].startswith("GET /download_file/") and " 200 0 sentences " in lines[1], lines
+    assert all(line.isprintable() for line in lines), lines
+
+
+def test_a_file_name_aiohttp_cannot_parse_is_a_400_and_one_log_line(server):
+    before = len(server.stderr().splitlines())
+    status, answer = send(server, http("translate_file", multipart_body(b"filename*=UTF-8''a[%0A.txt"),
+                                       b"multipart/form-data; boundary=" + BOUNDARY))
+    assert status == 400 and "missing file parameter" in json.loads(answer)["error"]
+    lines = server.stderr().splitlines()[before:]
+    assert len(lines) == 1 and lines[0].startswith("POST /translate_file 400 "), lines
+
+
 def fuzzed_request(rng, valid):
     """One malformed request: a valid one with bytes flipped, cut, repeated or replaced, sent to a
     path and with a content type drawn from those the server knows and some it does not."""
@@ -473,7 +589,10 @@ def fuzzed_request(rng, valid):
                                b"application/json; charset=base64", b"application/json; charset=",
                                b"\xff/\xfe"])
     path = rng.choice(["translate", "detect", "translate?q=%ff", "languages", "nowhere",
-                       "translate?alternatives=%C2%B2"])
+                       "translate?alternatives=%C2%B2", "translate_file"])
+    if body.startswith(b"--" + BOUNDARY) and rng.random() < 0.8:
+        content_type = b"multipart/form-data; boundary=" + BOUNDARY
+        path = rng.choice(["translate", "translate_file", "translate_file", "detect"])
     return http(path, bytes(body), content_type, method=rng.choice(["POST"] * 5 + ["GET", "PUT"]))
 
 
@@ -481,16 +600,23 @@ def test_fuzz_two_thousand_malformed_requests_get_no_5xx_and_it_still_translates
     rng = random.Random(62)
     valid = [fields_json(), fields_json(format="html", q="<p>eins <b>zwei</b></p>"),
              fields_json(alternatives=2), fields_json(q=["eins", "zwei"], source="auto"),
-             b"q=eins&source=de&target=en&api_key=" + urllib.parse.quote(KEY).encode()]
+             b"q=eins&source=de&target=en&api_key=" + urllib.parse.quote(KEY).encode(),
+             multipart_body(), multipart_body(part_headers=b"Content-Transfer-Encoding: base64\r\n",
+                                              content=b"ZWlucw=="),
+             *(multipart_body(name, b"eins\nzwei") for name in FILE_NAMES.values())]
     statuses = {}
     for _ in range(2000):
         status, body = send(server, fuzzed_request(rng, valid))
         statuses[status] = statuses.get(status, 0) + 1
         assert status is None or status < 500, body
+        if status == 200 and b"translatedFileUrl" in body:  # the download of any accepted upload works
+            with download(server, json.loads(body)["translatedFileUrl"]) as answer:
+                assert answer.status == 200
     assert sum(count for status, count in statuses.items() if status and status >= 400) > 1000
     assert post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"})[1] == {
         "translatedText": nbest[0][0]}
     assert "Traceback" not in server.stderr()
+    assert all(line.isprintable() for line in server.stderr().splitlines())
 
 
 # ---------------------------------------------------------------- queue, shutdown, flags
@@ -600,6 +726,13 @@ def test_bench_serve_reports_every_level_and_translate_py(tiny_model, capsys):
         assert level["p50_ms"] <= level["p95_ms"]
         assert level["sentences_per_s"] == pytest.approx(level["requests_per_s"], rel=1e-2)
     assert 0 < report["server_rss_mb"]["start"] <= report["server_rss_mb"]["end"] * 2
+    for engine in report["engines"].values():
+        under_long = engine["languages_under_long_requests"]
+        assert under_long["languages_answers"] > 0 and 0 < under_long["languages_usual_ms"]
+        assert under_long["languages_slowest_ms"] < under_long["languages_usual_ms"] + 1500
+        assert {name: answer["chars"] for name, answer in under_long["long_requests"].items()} == {
+            "punctuation_5k": 5000, "at_char_limit": 5000}
+        assert all(answer["status"] in (200, 400) for answer in under_long["long_requests"].values())
     assert report["translate_py"]["sentences"] == 50 and report["matmul_gflops_per_s"] > 0
     assert report["ratio"] == pytest.approx(report["levels"][-1]["sentences_per_s"]
                                             / report["translate_py"]["sentences_per_s"], rel=1e-2)

@@ -5,13 +5,14 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import sentencepiece as spm
 
 import prepro
 import translate
-from toolkit.translating import sentences
+from toolkit.translating import documents, sentences
 from toolkit.base.errors import UserError
 from in_process import run_in_process
 from model_fixtures import TINY_MODEL_MAXLEN1
@@ -165,6 +166,33 @@ def test_split_pieces_prefers_sentence_ends_then_commas_then_words():
     assert sentences.split_pieces(["▁a", "b", "c", "d", "e"], 2) == (
         [["▁a", "b"], ["c", "d"], ["e"]], ["inside a word", "inside a word"])
     assert sentences.split_pieces(["▁a", "b"], 2) == ([["▁a", "b"]], [])
+
+
+def test_a_line_over_spacy_s_character_limit_is_one_output_line(model, capsys):
+    """spaCy refuses a text of more than nlp.max_length (1,000,000) characters: the split hands it pieces below that,
+    and the line is translated as its one sentence with the spacing kept."""
+    logdir, _ = model
+    alone, _ = run_main(capsys, "--logdir", logdir, SENTENCE)
+    out, err = run_main(capsys, "--logdir", logdir, " " * 1_000_001 + SENTENCE)
+    assert out == [" " * 1_000_001 + alone[0]] and "Traceback" not in err
+
+
+def test_a_text_over_spacy_s_limit_splits_into_its_sentences_and_joins_back():
+    three = ["Heute ist der erste Mai.", "Die Zahl ist elf!", "Er zählt bis drei?"]
+    text = "  ".join(three * 20000) + "\n"  # 1.3 million characters
+    pieces = documents.split(text, "de")
+    assert "".join(pieces) == text
+    assert pieces[1::2] == three * 20000 and set(pieces[2:-1:2]) == {"  "} and pieces[-1] == "\n"
+
+
+@pytest.mark.parametrize("text", [".," * 2500, "!?" * 2500, "(" * 5000, "„“" * 2500, ("x" * 70 + "., ") * 70])
+def test_a_run_of_punctuation_splits_in_well_under_a_second_and_joins_back(text):
+    """spaCy's tokenizer takes time quadratic in the length of a run without spaces (5,000 characters of ".," took
+    seconds): the split shows it such a run's last characters only."""
+    documents.split("Lädt den Sentencizer.", "de")
+    start = time.monotonic()
+    pieces = documents.split(text, "de")
+    assert time.monotonic() - start < 1.0 and "".join(pieces) == text
 
 
 def test_errors_are_one_line_without_traceback(model, tmp_path, capsys):

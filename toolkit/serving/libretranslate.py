@@ -3,6 +3,7 @@ other origins, /frontend/settings, and the translated files of /translate_file k
 download."""
 import collections
 import os
+import urllib.parse
 import uuid
 
 from toolkit.serving.batcher import ApiError
@@ -55,7 +56,7 @@ def uploaded_document(fields):
     upload = fields.get("file")
     if upload is None or isinstance(upload, str) or not getattr(upload, "filename", ""):
         raise ApiError(400, "Invalid request: missing file parameter (a multipart file)")
-    name = os.path.basename(upload.filename)
+    name = safe_file_name(upload.filename)
     extension = os.path.splitext(name)[1].lower()
     if extension not in FILE_FORMATS:
         raise ApiError(400, "Invalid request: file format %s not supported: send one of %s"
@@ -70,6 +71,23 @@ def uploaded_document(fields):
     return text, FILE_FORMATS[extension], name
 
 
+def safe_file_name(name):
+    """The name an upload's translation is downloaded as: the file name the client sent without
+    its folders, every character that is not printable (line breaks, NUL, a line separator) an
+    underscore, so that it fits in a URL, a header and a log line."""
+    name = os.path.basename(name.replace("\\", "/"))
+    return "".join(char if char.isprintable() else "_" for char in name)
+
+
+def content_disposition(name):
+    """The Content-Disposition header of a download as name (RFC 6266): the name in ASCII with
+    quotes and backslashes dropped, and whole in filename*, UTF-8 percent-encoded."""
+    fallback = "".join(char for char in name if char.isascii() and char.isprintable()
+                       and char not in '"\\')
+    return "attachment; filename=\"%s\"; filename*=UTF-8''%s" % (
+        fallback, urllib.parse.quote(name, safe=""))
+
+
 class TranslatedFiles:
     """The last KEPT_FILES translated files, in memory, under names no client can guess."""
 
@@ -77,7 +95,8 @@ class TranslatedFiles:
         self.files = collections.OrderedDict()
 
     def add(self, data, name):
-        """Keeps data (bytes) to be downloaded as name; returns the key of its download path."""
+        """Keeps data (bytes) to be downloaded as name (safe_file_name's); returns the key of its
+        download path."""
         key = "%s.%s" % (uuid.uuid4().hex, name)
         self.files[key] = data
         while len(self.files) > KEPT_FILES:

@@ -9,8 +9,11 @@ import logging
 import re
 import sys
 import urllib.parse
+import warnings
 
 import aiohttp
+import aiohttp.http_exceptions
+import aiohttp.multipart
 from aiohttp import web, web_protocol, web_server
 
 from toolkit.serving.batcher import ApiError
@@ -104,15 +107,18 @@ def form_fields(body):
 
 
 async def multipart_fields(request):
-    """A multipart form's fields; files come as aiohttp's FileField."""
+    """A multipart form's fields; files come as aiohttp's FileField. A part in a transfer or content
+    encoding aiohttp does not know is a RuntimeError of aiohttp's, one with too many headers an
+    HttpProcessingError: both the client's doing, a 400 naming it."""
     try:
         return dict(await request.post())
     except web.HTTPException:
         raise
-    except (ValueError, LookupError, AssertionError, KeyError, TypeError,
-            web.RequestPayloadError) as error:
+    except (ValueError, LookupError, AssertionError, KeyError, TypeError, RuntimeError,
+            aiohttp.http_exceptions.HttpProcessingError, web.RequestPayloadError) as error:
         raise ApiError(400, "Invalid request: the multipart body cannot be read (%s): send it with "
-                            "its boundary, or send JSON" % error) from None
+                            "its boundary and known encodings, or send JSON"
+                       % first_line(error)) from None
 
 
 def check_value(name, value):
@@ -171,12 +177,23 @@ class OneLine(logging.Formatter):
 
 
 def shorten(text, most=120):
-    return text if len(text) <= most else text[:most - 3] + "..."
+    return escaped(text if len(text) <= most else text[:most - 3] + "...")
+
+
+def escaped(text):
+    """text for a log line or a header: every character that is not printable (line breaks, NUL,
+    escape sequences, a line separator) as its Python escape, so that client text stays on one
+    line and changes no terminal."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
 
 
 def connection_logger():
     """The logger aiohttp's protocol writes a malformed request or a lost connection to: one line
-    each on standard error."""
+    each on standard error. aiohttp's warnings of a multipart header it cannot parse (two lines
+    with the client's text) are silenced: the request's own line says how it was answered."""
+    for category in (aiohttp.multipart.BadContentDispositionHeader,
+                     aiohttp.multipart.BadContentDispositionParam):
+        warnings.filterwarnings("ignore", category=category)
     logger = logging.getLogger("serve.connections")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)

@@ -1,6 +1,8 @@
 """The model behind serve.py's API: its translator in a Batcher, its sentencepiece model and
 languages, the limits of a request, and how a request's fields become the model's inputs and its
 results the answer's fields. Every refusal is an ApiError with its HTTP status."""
+import asyncio
+import concurrent.futures
 import functools
 import hmac
 import os
@@ -19,9 +21,14 @@ from toolkit.translating.trained_model import TrainedModel
 from toolkit.translating.translator import Translator, ctranslate2_translator
 
 
+#: Threads that do the CPU work of requests (HTML parsing, sentence splitting, sentencepiece,
+#: language detection) off the event loop, so that a long request delays no other client.
+CPU_THREADS = 2
+
+
 class Service:
-    """The model behind the server (its translator in a Batcher, sentencepiece, languages) and the
-    limits."""
+    """The model behind the server (its translator in a Batcher, sentencepiece, languages), the
+    limits, and the threads of the requests' CPU work."""
 
     def __init__(self, hp, args):
         translator, self.sp, recorded = open_translator(hp, args.engine, args.model)
@@ -37,11 +44,13 @@ class Service:
         self.most_alternatives = max(args.max_alternatives, hp.beam_size - 1)
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
                                args.queue_size, args.timeout)
+        self.cpu = concurrent.futures.ThreadPoolExecutor(CPU_THREADS, "requests")
         warm_up()
         if self.split:
             self.split("Loads the sentencizer now. Not in the first request.")
 
     def close(self):
+        self.cpu.shutdown()
         self.batcher.stop()
         self.batcher.translator.close()
 
@@ -79,6 +88,12 @@ class Service:
             raise ApiError(400, "%s is not supported: this model translates into %s"
                                 % (language_field("target", target), self.target_lang))
 
+    async def off_loop(self, function, *args):
+        """function(*args) run in one of the CPU_THREADS, so that the event loop answers other
+        requests while it runs."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.cpu, functools.partial(function, *args))
+
     def document(self, text, fmt):
         """A q item as the segments to translate: its lines (or html text runs), each split into
         its sentences unless --no_split."""
@@ -114,18 +129,20 @@ class Service:
                                   self.source_lang))
         return detections
 
-    async def translate_documents(self, documents, attention=False, beam=None):
-        """Per document its n-best entries [(text, score)], the attention entries (when
-        attention), and the count of model inputs translated."""
-        parts, count = self.prepare(documents)
+    async def translate_texts(self, texts, fmt, attention=False, beam=None):
+        """Per text (a q item in format fmt) its n-best entries [(text, score)], the attention
+        entries (when attention), and the count of model inputs translated. The texts become model
+        inputs off the event loop."""
+        documents, parts, count = await self.off_loop(self.prepare, texts, fmt)
         sources = [source for document in parts for segment in document for source in segment]
         results = await self.batcher.translate(sources, attention, beam)
         entries, maps = read_results(documents, parts, results, self.sp)
         return entries, maps, count
 
-    def prepare(self, documents):
-        """Per document, per segment, the model inputs (sentences.prepare); at most
-        --max_sentences in all."""
+    def prepare(self, texts, fmt):
+        """The texts as documents (document), and per document, per segment, the model inputs
+        (sentences.prepare); at most --max_sentences in all."""
+        documents = [self.document(text, fmt) for text in texts]
         parts = [[prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
                  for document in documents]
         count = sum(len(segment) for document in parts for segment in document)
@@ -133,7 +150,7 @@ class Service:
             raise ApiError(400, "Invalid request: %d sentences to translate, more than this "
                                 "server's limit of %d (--max_sentences): send fewer per request"
                            % (count, self.args.max_sentences))
-        return parts, count
+        return documents, parts, count
 
 
 def open_translator(hp, engine, model_dir):

@@ -123,15 +123,70 @@ def sentencizer(lang):
     return nlp
 
 
+#: Most characters spaCy sees at once: far below its limit (nlp.max_length, 1,000,000 characters),
+#: and short enough that one call, which holds the interpreter's lock, never holds it for long.
+SPACY_PIECE = 10000
+#: A run of punctuation and symbols longer than this is shown to spaCy as dashes with a space
+#: every MASK_WORD characters, but for its last RUN_END characters: its tokenizer takes time
+#: quadratic in the length of such a run (5,000 characters of ".," took seconds); dashes are
+#: punctuation that ends no sentence, as the run's inside does not.
+LONG_RUN, RUN_END, MASK_WORD = 64, 16, 32
+LONG_RUNS = re.compile(r"(?:[^\w\s]|_){%d,}" % (LONG_RUN + 1))
+#: A word (a run without whitespace, such as a paragraph of Chinese) longer than this is read in
+#: pieces of this many characters.
+LONG_WORD = 500
+LONG_WORDS = re.compile(r"(?<!\S)\S{%d}" % (LONG_WORD + 1))
+
+
 def split(text, lang):
     """[kept, sentence, kept, sentence, ..., kept]: text's sentences (odd places, stripped) and the
-    text around them (even places); joined, they give text back."""
-    pieces, end = [], 0
-    for sentence in sentencizer(lang)(text).sents:
-        words = sentence.text.strip()
-        if not words:
-            continue
-        start = sentence.start_char + sentence.text.index(words)
-        pieces += [text[end:start], words]
-        end = start + len(words)
-    return pieces + [text[end:]]
+    text around them (even places); joined, they give text back. spaCy reads the text in pieces of
+    at most SPACY_PIECE characters, each ending at whitespace and starting where the last sentence
+    of the piece before started, so that a text of any length splits as spaCy would split it
+    whole; a sentence longer than a piece is cut at the piece's end."""
+    starts, begin = [], 0
+    while begin < len(text):
+        end = piece_end(text, begin)
+        found = [begin + start for start in sentence_starts(text[begin:end], lang)]
+        # the last sentence may go on past the piece: the next piece starts with it
+        begin = found.pop() if end < len(text) and len(found) > 1 else end
+        starts += found
+    pieces, kept_from = [], 0
+    for start, stop in zip(starts, starts[1:] + [len(text)]):
+        sentence = text[start:stop]
+        words = sentence.strip()
+        if words:
+            start += len(sentence) - len(sentence.lstrip())
+            pieces += [text[kept_from:start], words]
+            kept_from = start + len(words)
+    return pieces + [text[kept_from:]]
+
+
+def piece_end(text, begin):
+    """Where the piece of text from begin ends: before a word (a run without whitespace) longer
+    than LONG_WORD, or LONG_WORD characters into one (spaCy's tokenizer takes time quadratic in
+    a word's length); else at the text's end, or after the last whitespace of the piece's second
+    half, or SPACY_PIECE characters on when it has none."""
+    end = min(begin + SPACY_PIECE, len(text))
+    long_word = LONG_WORDS.search(text, begin, end)
+    if long_word:
+        return long_word.start() if long_word.start() > begin else begin + LONG_WORD
+    if end == len(text):
+        return end
+    cut = max(text.rfind(space, begin + SPACY_PIECE // 2, end) for space in (" ", "\n", "\t"))
+    return cut + 1 if cut >= 0 else end
+
+
+def sentence_starts(piece, lang):
+    """Where spaCy's sentencizer starts each sentence of piece (0 first), long runs of punctuation
+    shown as dashes but for their ends (LONG_RUN)."""
+    shown = LONG_RUNS.sub(masked, piece)
+    return [sentence.start_char for sentence in sentencizer(lang)(shown).sents] or [0]
+
+
+def masked(run):
+    """A long run of punctuation (a match of LONG_RUNS) as sentence_starts shows it to spaCy: as
+    long, so that the offsets hold."""
+    inside = len(run.group()) - RUN_END
+    words = ("-" * (MASK_WORD - 1) + " ") * (inside // MASK_WORD + 1)
+    return words[:inside] + run.group()[-RUN_END:]
