@@ -2,6 +2,7 @@
 errors as one line, with the session's tiny trained model (conftest.py)."""
 import os
 import queue
+import random
 import subprocess
 import sys
 import threading
@@ -166,6 +167,21 @@ def test_split_pieces_prefers_sentence_ends_then_commas_then_words():
     assert sentences.split_pieces(["▁a", "b", "c", "d", "e"], 2) == (
         [["▁a", "b"], ["c", "d"], ["e"]], ["inside a word", "inside a word"])
     assert sentences.split_pieces(["▁a", "b"], 2) == ([["▁a", "b"]], [])
+
+
+def test_split_pieces_of_a_long_line_cuts_where_cutting_the_rest_again_and_again_would():
+    """The split reads a window of the line at each cut: the same parts as cutting the whole rest each time."""
+    def split_by_cutting_the_rest(pieces, limit):
+        parts, cuts = [], []
+        while len(pieces) > limit:
+            k, description = sentences.best_cut(pieces, limit)
+            parts, cuts, pieces = parts + [pieces[:k]], cuts + [description], pieces[k:]
+        return parts + [pieces], cuts
+
+    rng = random.Random(3)
+    pieces = [rng.choice(["▁a", "b", "c,", "d.", "▁e", "f"]) for _ in range(5000)]
+    for limit in (1, 2, 7, 100):
+        assert sentences.split_pieces(pieces, limit) == split_by_cutting_the_rest(pieces, limit)
 
 
 def test_a_line_over_spacy_s_character_limit_is_one_output_line(model, capsys):

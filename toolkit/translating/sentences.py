@@ -84,13 +84,14 @@ def split_pieces(pieces, limit):
     """Splits a list of pieces into parts of at most limit pieces (see best_cut).
 
     Returns the parts and the descriptions of the cuts made (empty when pieces fit)."""
-    parts, cuts = [], []
-    while len(pieces) > limit:
-        k, description = best_cut(pieces, limit)
-        parts.append(pieces[:k])
+    parts, cuts, start = [], [], 0
+    while len(pieces) - start > limit:
+        # best_cut reads limit + 1 pieces at most: a window, so that a long line costs linear time
+        k, description = best_cut(pieces[start:start + limit + 1], limit)
+        parts.append(pieces[start:start + k])
         cuts.append(description)
-        pieces = pieces[k:]
-    return parts + [pieces], cuts
+        start += k
+    return parts + [pieces[start:]], cuts
 
 
 def prepare(text, sp, limit):
