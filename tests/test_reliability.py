@@ -1021,20 +1021,33 @@ def test_progress_lines_of_test_py_when_the_output_is_not_a_terminal(trained, tm
 @pytest.mark.slow
 def test_a_kill_between_accumulated_batches_resumes_to_the_weights_of_an_uninterrupted_run(data_dir, tmp_path,
                                                                                             capsys):
-    """--accum_steps 3: a SIGKILL lands while a step's batches are accumulating; the resumed run redoes that step
-    from the last checkpoint (written between steps) and ends at the weights of a run never stopped. Dropout off
-    and the reference path in fp32 on one thread, so that both runs compute the same numbers."""
+    """--accum_steps 3: a SIGKILL lands after the first batch of step 7 was added to the accumulators (epochs of 7
+    batches make steps of 3, 3 and 1 batches, so the last checkpoint is step 6's); the resumed run redoes that step
+    and ends at the weights of a run never stopped. Dropout off and the reference path in fp32 on one thread, so
+    that both runs compute the same numbers."""
     flags = ["--data_dir", data_dir, *TINY_MODEL, "--impl", "reference", "--precision", "fp32", "--seed", "7",
              "--dropout_rate", "0", "--attention_dropout", "0", "--relu_dropout", "0", "--accum_steps", "3",
              "--batch_type", "sentences", "--batch_size", str(TRAIN_PAIRS // 6), "--eval_every", "100000",
              "--num_epochs", "100000", "--max_steps", "40"]
     code, _, err = run_in_process(capsys, "train.py", train.main, "--logdir", tmp_path / "whole", *flags)
     assert code == 0, err
-    with Training("--logdir", tmp_path / "killed", *flags) as training:
-        training.wait_for_stdout(r"^epoch 2 \| step 6 ")  # epochs of 7 batches: steps of 3, 3 and 1
-        time.sleep(random.Random(SIGKILL_SEED).uniform(0, 0.3))
-        training.process.kill()
-        assert training.finish()[0] == -signal.SIGKILL
+    # train.py, killed by its own SIGKILL in the middle of step 7's accumulation
+    # (at the end of an epoch the first batch of the next step is out of range: the loop starts the next epoch)
+    killed = ("import os, runpy, signal, sys\n"
+              "from toolkit.training import step\n"
+              "run = step.TrainStep.run\n"
+              "def run_and_kill(self, sess, write_summaries):\n"
+              "    if sess.run(self.global_step) == 6:\n"
+              "        sess.run(self.batch, {self.write_summaries: False})\n"
+              "        os.kill(os.getpid(), signal.SIGKILL)\n"
+              "    return run(self, sess, write_summaries)\n"
+              "step.TrainStep.run = run_and_kill\n"
+              "sys.argv = ['train.py'] + sys.argv[1:]\n"
+              "runpy.run_path('train.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", killed, "--logdir", str(tmp_path / "killed"), *map(str, flags)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert checkpoint_step(tf.train.latest_checkpoint(str(tmp_path / "killed"))) == 6
     code, out, err = run_in_process(capsys, "train.py", train.main, "--logdir", tmp_path / "killed", *flags)
     assert code == 0 and RESUMED.search(out), err
     whole = read_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "whole")))
