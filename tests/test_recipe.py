@@ -181,7 +181,7 @@ def test_the_shipped_runs_hold_the_target_tokens_of_their_steps(tmp_path):
     for row in table["runs"]:
         hp = Hparams().parser.parse_args(recipe_table.train_flags(table, row["candidate"]))
         assert row["target_tokens"] == trained_target_tokens(training_pairs(data_dir, hp), row["steps"], hp.batch_size, hp.batch_type,
-                                                             hp.seed, hp.bucket_growth)
+                                                             hp.seed, hp.bucket_growth, hp.accum_steps)
 
 
 # ------------------------------------------------------------------------------------------------
