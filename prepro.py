@@ -36,11 +36,14 @@ from toolkit.data.datadir import (DEFAULT_LANGUAGES, MANIFEST_NAME, check_build_
 from toolkit.base.errors import USER_ERROR_EXIT_CODE, UserError, error_line, report
 from toolkit.base.cli import OneLineParser, interrupted_exit_code, run_cli
 from toolkit.base.ids import SPECIAL_PIECES
+from toolkit.base.reading import shown_number
 from toolkit.base.writing import check_not_owned, check_writable_dir
 
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}
 DEFAULT_MAX_RATIO = 9.0
+#: The largest vocabulary sentencepiece takes (a 32-bit integer).
+MAX_VOCAB_SIZE = 2 ** 31 - 1
 
 
 DATASET_FLAGS = {
@@ -145,6 +148,9 @@ def check_flags(parser, args):
         parser.error(f"--vocab_size {args.vocab_size} is too small: the {len(SPECIAL_PIECES)} "
                      "special pieces (<pad> <unk> <s> </s>) come on top of one piece per character "
                      "of the corpus")
+    if args.vocab_size is not None and args.vocab_size > MAX_VOCAB_SIZE:
+        parser.error(f"--vocab_size {shown_number(args.vocab_size)} is out of range: it must be at "
+                     f"most {MAX_VOCAB_SIZE} (sentencepiece's limit)")
     if not (math.isfinite(args.max_ratio) and args.max_ratio > 1):
         parser.error(f"--max_ratio {args.max_ratio} is out of range: "
                      "it must be a finite number greater than 1")

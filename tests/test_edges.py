@@ -124,3 +124,13 @@ def test_the_runtime_imported_from_a_running_main_leaves_its_signal_handlers():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           preexec_fn=as_from_a_terminal)
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
+
+
+def test_a_vocabulary_beyond_sentencepiece_s_limit_is_one_line(tmp_path, capsys):
+    """sentencepiece parses the size as a 32-bit integer: a larger one ended in a traceback after the corpus was
+    read, leaving an empty data dir."""
+    for value, shown in (("2147483648", "2147483648"), ("1" * 401, "111111111111... (401 digits)")):
+        assert one_line(capsys, "prepro.py", "--dataset", "numbers", "--data_dir", tmp_path / "d", "--vocab_size",
+                        value) == ("error: --vocab_size %s is out of range: it must be at most 2147483647 "
+                                   "(sentencepiece's limit)" % shown)
+        assert not (tmp_path / "d").exists()

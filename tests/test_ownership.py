@@ -261,3 +261,14 @@ def test_names_that_become_paths_hold_only_letters_digits_hyphens_and_underscore
         "error: %s %s: %s may hold only ASCII letters, digits, '-' and '_' (it becomes part of a path); pass "
         "another %s" % (flag, ascii(value), what, flag))
     assert snapshot(logdir, data_dir, tmp_path) == before and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_checkpoint_name_too_long_for_a_file_name_is_one_line(model, tmp_path, capsys):  # noqa: F811
+    """avg_checkpoints.py --output adds the step and the checkpoint's suffixes to the name: a name of 300 letters
+    would end in TensorFlow's 'File name too long' after the average was computed."""
+    logdir, data_dir = model
+    before = snapshot(logdir, data_dir, tmp_path)
+    assert one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1", "--output", "a" * 300) == (
+        "error: --output aaaaaaaaaaaaaaaaaaaa... (300 characters): a checkpoint name may be at most 128 characters "
+        "long (it becomes part of a file name); pass another --output")
+    assert snapshot(logdir, data_dir, tmp_path) == before

@@ -203,15 +203,23 @@ def check_output_dir(directory, flag, inputs, dirs, written):
 #: What a name that becomes part of a path (a language code, a checkpoint's name) may hold: no
 #: separator, no '..', nothing a shell or a line of text would mangle.
 PATH_NAME = re.compile(r"[A-Za-z0-9_-]+")
+#: The longest such name: what is added to it (a step, a checkpoint's suffixes, the temporary
+#: names TensorFlow writes first) must still fit in a file name's 255 bytes.
+PATH_NAME_MAX = 128
 
 
 def check_path_name(value, flag, what):
     """Raises UserError unless ``value`` (given as --flag; ``what``: what it names, e.g. "a
     language code") is a name that can be part of a path as it is: ASCII letters, digits, '-' and
-    '_' only, so that it never leads out of the directory it is meant for."""
+    '_' only, so that it never leads out of the directory it is meant for, and at most
+    PATH_NAME_MAX of them."""
     if not PATH_NAME.fullmatch(value):
         raise UserError(f"--{flag} {ascii(value)}: {what} may hold only ASCII letters, digits, '-' "
                         f"and '_' (it becomes part of a path); pass another --{flag}")
+    if len(value) > PATH_NAME_MAX:
+        raise UserError(f"--{flag} {value[:20]}... ({len(value)} characters): {what} may be at most "
+                        f"{PATH_NAME_MAX} characters long (it becomes part of a file name); pass "
+                        f"another --{flag}")
 
 
 def publish(staged, target, flag):

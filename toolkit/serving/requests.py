@@ -107,9 +107,10 @@ def form_fields(body):
 
 
 async def multipart_fields(request):
-    """A multipart form's fields; files come as aiohttp's FileField. A part in a transfer or content
-    encoding aiohttp does not know is a RuntimeError of aiohttp's, one with too many headers an
-    HttpProcessingError: both the client's doing, a 400 naming it."""
+    """A multipart form's fields; files come as aiohttp's FileField. A part in a transfer encoding
+    aiohttp does not know is a RuntimeError of aiohttp's, one with too many headers an
+    HttpProcessingError: both the client's doing, a 400 naming it. (A part's Content-Encoding is
+    not applied: its bytes are read as sent.)"""
     try:
         return dict(await request.post())
     except web.HTTPException:
