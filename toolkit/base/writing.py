@@ -217,9 +217,9 @@ def check_path_name(value, flag, what):
         raise UserError(f"--{flag} {ascii(value)}: {what} may hold only ASCII letters, digits, '-' "
                         f"and '_' (it becomes part of a path); pass another --{flag}")
     if len(value) > PATH_NAME_MAX:
-        raise UserError(f"--{flag} {value[:20]}... ({len(value)} characters): {what} may be at most "
-                        f"{PATH_NAME_MAX} characters long (it becomes part of a file name); pass "
-                        f"another --{flag}")
+        raise UserError(f"--{flag} {value[:20]}... ({len(value)} characters): {what} may be at "
+                        f"most {PATH_NAME_MAX} characters long (it becomes part of a file name); "
+                        f"pass another --{flag}")
 
 
 def publish(staged, target, flag):
