@@ -1,5 +1,5 @@
 """Prose reads as one paragraph: no word stranded on a line of its own, in the tools' --help nor in the comments
-and docstrings of the top level and fast/ (a column rewrap once left words alone on lines, at odd indents)."""
+and docstrings of the top level, fast/ and toolkit/ (a column rewrap once left words alone on lines, at odd indents)."""
 import ast
 import importlib
 import io
@@ -120,7 +120,11 @@ def test_the_prose_rule_finds_a_stranded_word():
 
 
 def python_files():
-    return sorted(os.path.join(directory, name) for directory in ("", "fast")
+    """The top level's, fast/'s and toolkit/'s (with its layers) .py files, relative to ROOT."""
+    directories = ["", "fast"] + sorted(os.path.relpath(path, ROOT) for path, _, _
+                                        in os.walk(os.path.join(ROOT, "toolkit"))
+                                        if not path.endswith("__pycache__"))
+    return sorted(os.path.join(directory, name) for directory in directories
                   for name in os.listdir(os.path.join(ROOT, directory)) if name.endswith(".py"))
 
 

@@ -1,8 +1,8 @@
 """Reading files: UTF-8 text lines one at a time ('\\r\\n', a missing final newline, a byte-order
 mark and gzip compression are fine; invalid UTF-8 is a line naming where), JSON and the types of
-its values (the one schema check of every JSON file), numbers of any size a range check
-compares and a line shows, the cleaning every input line gets, and the
-sha256 digests that fingerprint a data dir's vocabulary and downloads."""
+its values (the one schema check of every JSON file), numbers of any size a range check compares
+and a line shows, the cleaning every input line gets, and the sha256 digests that fingerprint a
+data dir's vocabulary and downloads."""
 import gzip
 import hashlib
 import io
@@ -49,8 +49,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def gunzip(data, name):
-    """``data`` unpacked if it is gzip-compressed (whatever the file is called), else ``data``
-    itself.
+    """``data`` unpacked if it is gzip-compressed (whatever the file is called),
+    else ``data`` itself.
 
     Raises UserError naming ``name`` if it is a damaged gzip file.
     """

@@ -209,9 +209,9 @@ PATH_NAME_MAX = 128
 
 
 def check_path_name(value, flag, what):
-    """Raises UserError unless ``value`` (given as --flag; ``what``: what it names, e.g. "a
-    language code") is a name that can be part of a path as it is: ASCII letters, digits, '-' and
-    '_' only, so that it never leads out of the directory it is meant for, and at most
+    """Raises UserError unless ``value`` (given as --flag; ``what``: what it names,
+    e.g. "a language code") is a name that can be part of a path as it is: ASCII letters, digits,
+    '-' and '_' only, so that it never leads out of the directory it is meant for, and at most
     PATH_NAME_MAX of them."""
     if not PATH_NAME.fullmatch(value):
         raise UserError(f"--{flag} {ascii(value)}: {what} may hold only ASCII letters, digits, '-' "
@@ -330,9 +330,9 @@ def exclusive_lock(path, holder, busy):
     """Holds an exclusive lock (fcntl.flock) on ``path`` while the block runs, so that two processes
     never write one directory: path is a lock file (created if missing) into which ``holder``, a
     description of this process, is written for others to read, or a directory itself (nothing is
-    written). When another process holds it, raises UserError(busy(its description or "another
-    process")) at once. The kernel releases the lock when the process ends however it ends (SIGKILL
-    too), so nothing left behind ever blocks a later run."""
+    written). When another process holds it, raises UserError(busy(its description or
+    "another process")) at once. The kernel releases the lock when the process ends however it
+    ends (SIGKILL too), so nothing left behind ever blocks a later run."""
     directory = os.path.isdir(path)
     with writing(path):
         fd = os.open(path, os.O_RDONLY if directory else os.O_RDWR | os.O_CREAT, 0o644)

@@ -45,9 +45,8 @@ class Batcher:
         self.thread.start()
 
     async def translate(self, sources, attention, beam=None):
-        """The translator's results of sources, through the worker's queue (429 when it is full, 504
-        past
-        --timeout)."""
+        """The translator's results of sources, through the worker's queue
+        (429 when it is full, 504 past --timeout)."""
         if not sources:
             return []
         if self.pending >= self.queue_size:
@@ -64,8 +63,8 @@ class Batcher:
             self.pending -= 1
 
     def submit(self, sources, attention, beam=None):
-        """Queues one request's model inputs; returns the concurrent future of their translator
-        results."""
+        """Queues one request's model inputs; returns the concurrent future of their
+        translator results."""
         job = Job(sources, attention, beam)
         self.jobs.put(job)
         return job.future

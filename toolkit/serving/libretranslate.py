@@ -1,6 +1,6 @@
 """What makes serve.py a drop-in for LibreTranslate beyond /translate: CORS for browser pages on
-other origins, /frontend/settings, and the translated files of /translate_file kept for their
-download."""
+other origins, /frontend/settings, and the translated files of /translate_file
+kept for their download."""
 import collections
 import os
 import urllib.parse

@@ -58,8 +58,8 @@ async def read_fields(request):
 
 
 async def body_bytes(request):
-    """The request's body, its Content-Encoding (gzip, deflate, br) undone; a 400 when it cannot
-    be."""
+    """The request's body, its Content-Encoding (gzip, deflate, br) undone;
+    a 400 when it cannot be."""
     try:
         return await request.read()
     except web.RequestPayloadError as error:
@@ -165,8 +165,8 @@ def whole_number(fields, name):
 
 
 class OneLine(logging.Formatter):
-    """A log record as one line: its message and its exception's type and first line, never the
-    traceback."""
+    """A log record as one line: its message and its exception's type and first line,
+    never the traceback."""
 
     def format(self, record):
         line = "serve.py: %s" % record.getMessage()

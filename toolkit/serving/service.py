@@ -169,8 +169,8 @@ def language_field(name, value):
 
 
 def nonnegative_int(fields, name, most, why):
-    """A field given as a JSON integer or form digits, from 0 to most (0 when absent); a 400
-    otherwise."""
+    """A field given as a JSON integer or form digits, from 0 to most (0 when absent);
+    a 400 otherwise."""
     value = whole_number(fields, name)
     if value > most:
         raise ApiError(400, "Invalid request: %s %d is more than this server gives (%d: %s)"
@@ -186,8 +186,8 @@ def flag(fields, name):
 
 def read_results(documents, parts, results, sp):
     """The translator's results (one per model input, in order) as per document its n-best entries
-    [(text, score)], and the attention entries of every model input (when results have
-    attention)."""
+    [(text, score)], and the attention entries of every model input
+    (when results have attention)."""
     results, entries, maps = iter(results), [], []
     for document, segments in zip(documents, parts):
         sources = [source for segment in segments for source in segment]

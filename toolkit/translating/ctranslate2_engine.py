@@ -1,27 +1,26 @@
-"""Our Transformer as a CTranslate2 model: conversion of the weights, and translation with the
-CTranslate2 runtime.
+"""Our Transformer as a CTranslate2 model: conversion of the weights, and translation with
+the CTranslate2 runtime.
 
 CTranslate2 (https://github.com/OpenNMT/CTranslate2) is an inference engine for Transformer models
-with int8 weights on CPU. It is optional: this module imports it only inside the functions that need
-it.
+with int8 weights on CPU. It is optional: this module imports it only inside the functions
+that need it.
 
 A converted model directory holds CTranslate2's files (model.bin, config.json, the vocabularies),
 the data dir's sentencepiece model as bpe.model, and SETTINGS_FILE: the source length limit the
 model was trained with, the decoding settings fixed at export and the sha256 of bpe.model, which
 translate.py --engine ctranslate2 and serve.py read and check.
 
-How our variables map to CTranslate2's TransformerSpec (its linear weights are (out, in), our
-kernels (in, out)):
-  shared_weight_matrix/weight_mat, row 0 zeroed  -> encoder and decoder embeddings and the decoder's
-                                                 projection
+How our variables map to CTranslate2's TransformerSpec (its linear weights are (out, in),
+our kernels (in, out)):
+  shared_weight_matrix/weight_mat, row 0 zeroed  -> encoder and decoder embeddings and the
+                                                 decoder's projection
   .../multihead_attention, .../self_attention    -> self_attention.linear[0] = [q; k; v] fused,
                                                  linear[1] = o
   .../vanilla_attention                          -> attention.linear[0] = q, linear[1] = [k; v]
                                                  fused, linear[2] = o
   .../ln (of each sublayer)                      -> the sublayer's layer_norm (on its input when
-                                                 pre-norm, on
-                                                    x + f when post-norm: CTranslate2's pre_norm
-                                                    flag)
+                                                 pre-norm, on x + f when post-norm:
+                                                 CTranslate2's pre_norm flag)
   .../positionwise_feedforward/{inner,outer}     -> ffn.linear_0, ffn.linear_1
   {encoder,decoder}/final_ln (pre-norm only)     -> encoder.layer_norm, decoder.layer_norm
 The sinusoidal positions are written out as a table (CTranslate2's own sinusoids put all sines
@@ -67,8 +66,8 @@ def checkpoint_weights(ckpt):
 
 
 def sinusoid_table(length, d_model):
-    """modules.positional_encoding in numpy: (length, d_model), sin on even and cos on odd
-    channels."""
+    """modules.positional_encoding in numpy: (length, d_model), sin on even
+    and cos on odd channels."""
     positions = np.arange(length)[:, None]  # (length, 1)
     # (length, d_model)
     angles = positions * np.power(10000.0, -2.0 * (np.arange(d_model) // 2) / d_model)
@@ -76,8 +75,8 @@ def sinusoid_table(length, d_model):
 
 
 def _linear(spec, weights, *scopes):
-    """Sets a LinearSpec from the dense layers `scopes` (fused along the outputs when there are
-    several)."""
+    """Sets a LinearSpec from the dense layers `scopes`
+    (fused along the outputs when there are several)."""
     spec.weight = np.concatenate([weights[scope + "/kernel"].T for scope in scopes])  # (out, in)
     spec.bias = np.concatenate([weights[scope + "/bias"] for scope in scopes])
 
@@ -229,19 +228,19 @@ ONE_BATCH_THREADS = 1
 
 
 class CTranslate2Translator:
-    """Translates batches of source ids with a converted model, with the interface of
-    toolkit.translating.translator.Translator.
+    """Translates batches of source ids with a converted model,
+    with the interface of toolkit.translating.translator.Translator.
 
-    Each batch is decoded for at most the longest limit of its sentences, max_len_a * source length
-    + max_len_b steps (counting </s>), since CTranslate2 takes one limit per batch; translate.py
-    batches sources of similar length (data_load.run_in_length_batches), so the limits of a batch
-    are close. <pad> and <s> are never output, as in our decoder.
+    Each batch is decoded for at most the longest limit of its sentences,
+    max_len_a * source length + max_len_b steps (counting </s>), since CTranslate2 takes one limit
+    per batch; translate.py batches sources of similar length (data_load.run_in_length_batches), so
+    the limits of a batch are close. <pad> and <s> are never output, as in our decoder.
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
         """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's
-        batching). threads: CTranslate2's threads within a batch; 0 (--threads' default) means
-        ONE_BATCH_THREADS."""
+        batching). threads: CTranslate2's threads within a batch; 0 (--threads' default)
+        means ONE_BATCH_THREADS."""
         import ctranslate2
         import sentencepiece as spm
         self.settings, self.nbest, self.batch_size = settings, nbest, batch_size
@@ -251,8 +250,8 @@ class CTranslate2Translator:
                                              intra_threads=threads or ONE_BATCH_THREADS)
 
     def max_steps(self, sources):
-        """The decoding limit of a batch: the longest of ceil(a * source length + b)
-        (decoding.max_decoding_steps)."""
+        """The decoding limit of a batch: the longest of
+        ceil(a * source length + b) (decoding.max_decoding_steps)."""
         settings = self.settings
         return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids
                    in sources)

@@ -12,9 +12,9 @@ MARKED_SECTION_END = re.compile(r"]\s*]\s*>|]\s*>")
 
 
 class Document:
-    """One q item: the segments to translate, and the text around them that stays (template: strings
-    kept and None for each segment's translation). Text: every line is a segment. HTML: see
-    HtmlSegments."""
+    """One q item: the segments to translate, and the text around them that stays
+    (template: strings kept and None for each segment's translation). Text: every line is a
+    segment. HTML: see HtmlSegments."""
 
     def __init__(self, q, fmt, split=None):
         """split: a function of a segment into [kept, sentence, kept, ..., kept] (split below), to
@@ -33,8 +33,8 @@ class Document:
             self.split_segments(split)
 
     def split_segments(self, split):
-        """Replaces each segment with the sentences split finds in it, the text between them
-        kept."""
+        """Replaces each segment with the sentences split finds in it,
+        the text between them kept."""
         template, segments, old = [], [], iter(self.segments)
         for kept in self.template:
             pieces = [kept] if kept is not None else split(next(old))
@@ -103,8 +103,8 @@ class HtmlSegments(html.parser.HTMLParser):
 
 def document_entries(document, segment_entries):
     """The n-best of a document: [(text, score)], entry k with every segment's k-th best and the sum
-    of their scores, as far as every segment has a k-th. segment_entries: per segment, nbest_texts'
-    entries."""
+    of their scores, as far as every segment has a k-th. segment_entries: per segment,
+    nbest_texts' entries."""
     depth = min(len(entries) for entries in segment_entries) if segment_entries else 1
     return [(document.render([entries[k][0] for entries in segment_entries]),
              sum(entries[k][1] for entries in segment_entries)) for k in range(depth)]

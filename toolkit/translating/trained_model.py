@@ -1,11 +1,11 @@
 """A trained model, loaded one way by every tool that decodes with it (test.py, translate.py,
-export.py, serve.py, plot_attention.py through translate.py, scripts/bench_decode.py and
-bench_serve.py):
+export.py, serve.py, plot_attention.py through translate.py,
+scripts/bench_decode.py and bench_serve.py):
 
-    hp = trained_hparams(logdir, given)           # LOGDIR/hparams.json, the decoding flags given on
-                                                  # top
-    trained = TrainedModel(hp, ckpt, ("test",))   # the data dir and the checkpoint (--ckpt),
-                                                  # checked
+    hp = trained_hparams(logdir, given)           # LOGDIR/hparams.json, the decoding flags
+                                                  # given on top
+    trained = TrainedModel(hp, ckpt, ("test",))   # the data dir and the checkpoint
+                                                  # (--ckpt), checked
     ids, scores = trained.translation(xs)         # the decoding graph of the decoding flags
     sess = trained.session()                      # a session with the checkpoint restored
 
@@ -32,9 +32,9 @@ tf1 = tf.compat.v1
 
 
 def trained_hparams(logdir, overrides, **values):
-    """LOGDIR/hparams.json with `overrides` (the flags given, a dict) and values (a tool's own) on
-    top, the precision resolved for this machine and --impl (machine.resolved_precision); read-only
-    (hparams.resolved)."""
+    """LOGDIR/hparams.json with `overrides` (the flags given, a dict) and values (a tool's own)
+    on top, the precision resolved for this machine and --impl (machine.resolved_precision);
+    read-only (hparams.resolved)."""
     hp = load_trained_hparams(logdir, overrides)
     return resolved(hp, precision=machine.resolved_precision(hp.impl, hp.precision), **values)
 
