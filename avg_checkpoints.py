@@ -63,6 +63,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.last < 1:
         raise UserError("--last must be at least 1, not %d" % args.last)
+    if args.output == "":
+        raise UserError("--output is empty: pass a name, or leave the flag out")
     args.output = args.output or "%slast%d" % (AVERAGED_PREFIX, args.last)
     check_path_name(args.output, "output", "a checkpoint name")  # LOGDIR/OUTPUT-STEP.*
     if not args.output.startswith(AVERAGED_PREFIX):

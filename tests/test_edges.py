@@ -126,6 +126,12 @@ def test_the_runtime_imported_from_a_running_main_leaves_its_signal_handlers():
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
 
 
+def test_an_empty_checkpoint_name_names_the_flag(model, capsys):  # noqa: F811
+    logdir, _ = model
+    assert one_line(capsys, "avg_checkpoints.py", "--logdir", logdir, "--last", "1", "--output", "") == (
+        "error: --output is empty: pass a name, or leave the flag out")
+
+
 def test_a_vocabulary_beyond_sentencepiece_s_limit_is_one_line(tmp_path, capsys):
     """sentencepiece parses the size as a 32-bit integer: a larger one ended in a traceback after the corpus was
     read, leaving an empty data dir."""
