@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from hparams import HPARAMS_NAME
+from hparams import HPARAMS_NAME, LARGEST
 from toolkit.data.corpora import FILE_FLAGS, SPLITS, file_splits, log, reversed_corpus
 from toolkit.data.corpora.download import (IWSLT2016_URL, MULTI30K_URL, iwslt2016_splits,
                                            multi30k_splits)
@@ -42,8 +42,6 @@ from toolkit.base.writing import check_not_owned, check_writable_dir
 DATASETS = ("numbers", "multi30k", "iwslt2016", "files")
 DEFAULT_VOCAB_SIZE = {"numbers": 1000, "multi30k": 32000, "iwslt2016": 32000, "files": 32000}
 DEFAULT_MAX_RATIO = 9.0
-#: The largest vocabulary sentencepiece takes (a 32-bit integer).
-MAX_VOCAB_SIZE = 2 ** 31 - 1
 
 
 DATASET_FLAGS = {
@@ -148,9 +146,10 @@ def check_flags(parser, args):
         parser.error(f"--vocab_size {args.vocab_size} is too small: the {len(SPECIAL_PIECES)} "
                      "special pieces (<pad> <unk> <s> </s>) come on top of one piece per character "
                      "of the corpus")
-    if args.vocab_size is not None and args.vocab_size > MAX_VOCAB_SIZE:
+    # sentencepiece reads the size as a 32-bit integer, as the graphs read every count
+    if args.vocab_size is not None and args.vocab_size > LARGEST:
         parser.error(f"--vocab_size {shown_number(args.vocab_size)} is out of range: it must be at "
-                     f"most {MAX_VOCAB_SIZE} (sentencepiece's limit)")
+                     f"most {LARGEST} (sentencepiece's limit)")
     if not (math.isfinite(args.max_ratio) and args.max_ratio > 1):
         parser.error(f"--max_ratio {args.max_ratio} is out of range: "
                      "it must be a finite number greater than 1")

@@ -49,25 +49,22 @@ class TrainStep:
 
         Returns (loss per target token, target tokens, batches run, summaries: a list of serialized
         summaries, empty unless write_summaries)."""
-        loss, tokens, summaries, batches = 0.0, 0, [], self.accum_steps
-        for done in range(batches):
-            last = done == batches - 1
+        loss, tokens, batches = 0.0, 0, 0
+        while batches < self.accum_steps:
+            last = batches == self.accum_steps - 1
             try:
                 out = sess.run(self.batch, {self.write_summaries: write_summaries and last})
             except tf.errors.OutOfRangeError:
-                if not done:
+                if not batches:
                     raise
                 break
-            # with one batch its loss is per token already
-            loss, tokens = loss + out["loss"], tokens + out["tokens"]
-        else:
-            done = batches
-        summaries.append(out["summaries"])
-        if self.apply is not None:
+            loss, tokens, batches = loss + out["loss"], tokens + out["tokens"], batches + 1
+        summaries = [out["summaries"]]
+        if self.apply is not None:  # the batches' summed losses, per target token
             summaries.append(sess.run([self.apply, self.apply_summaries],
                                       {self.write_summaries: write_summaries})[1])
             loss /= max(tokens, 1)
-        return loss, tokens, done, [summary for summary in summaries if summary]
+        return loss, tokens, batches, [summary for summary in summaries if summary]
 
 
 def make_optimizer(hp, global_step):
