@@ -17,8 +17,14 @@ from toolkit.base.reading import is_finite_number, shown_number, type_problem
 #: The flags of the tools that decode with a trained model (test.py adds --testdir, translate.py its
 #: own flags): where the model and data are, how to decode, and how to run. Everything else comes
 #: from LOGDIR/hparams.json.
+#: The options of decoding.DecodingSettings beyond beam search and its limits, with --ensemble:
+#: flags of the tools that decode (not of train.py), off at their defaults.
+DECODING_OPTIONS = ("ensemble", "min_len_a", "min_len_b", "sampling_topk", "sampling_topp",
+                    "sampling_temperature", "no_repeat_ngram_size", "repetition_penalty",
+                    "min_confidence")
 DECODING_FLAGS = ("logdir", "data_dir", "ckpt", "test_batch_size", "beam_size", "alpha",
-                  "max_len_a", "max_len_b", "threads", "precision", "impl")
+                  "max_len_a", "max_len_b", "threads", "precision", "impl",
+                  "seed") + DECODING_OPTIONS
 #: The model's defaults, stated once: its flags below take them, and so does model.ModelConfig.
 MODEL_DEFAULTS = {"d_model": 256, "d_ff": 1024, "num_blocks": 3, "num_heads": 8,
                   "dropout_rate": 0.1, "relu_dropout": 0.0, "norm_type": "post", "smoothing": 0.1,
@@ -57,6 +63,9 @@ class Hparams:
         self._add_model(_Only(parser.add_argument_group("model"), only))
         self._add_training(_Only(parser.add_argument_group("training"), only))
         self._add_decoding(_Only(parser.add_argument_group("decoding"), only))
+        if only is not None:
+            self._add_decoding_options(_Only(parser.add_argument_group(
+                "decoding options (see docs/decoding.md)"), only))
         self._add_testing(_Only(parser.add_argument_group("testing"), only))
         self.parser = parser
 
@@ -227,6 +236,35 @@ class Hparams:
         group.add_argument("--max_len_b", type=int, default=10, help="see --max_len_a")
 
     @staticmethod
+    def _add_decoding_options(group):
+        group.add_argument("--ensemble", nargs="+", default=[], metavar="LOGDIR_OR_CKPT",
+                           help="more models decoded with --logdir's, by the mean of their "
+                                "log-probabilities at each step: logdirs (their latest "
+                                "checkpoint) or checkpoints, of the same bpe.model")
+        group.add_argument("--min_len_a", type=float, default=0.0,
+                           help="output at least min_len_a * source length + min_len_b tokens "
+                                "before </s>")
+        group.add_argument("--min_len_b", type=int, default=0, help="see --min_len_a")
+        group.add_argument("--sampling_topk", type=int, default=1, metavar="K",
+                           help="draw each token from the K most probable (0: from every "
+                                "token; 1: no sampling, take the most probable); needs "
+                                "--beam_size 1, and --nbest N draws N samples")
+        group.add_argument("--sampling_topp", type=float, default=1.0, metavar="P",
+                           help="draw each token from the fewest most probable tokens whose "
+                                "probability adds up to P (1: no limit)")
+        group.add_argument("--sampling_temperature", type=float, default=1.0, metavar="T",
+                           help="sample from the probabilities to the power 1/T: below 1 "
+                                "sharper, above 1 flatter")
+        group.add_argument("--no_repeat_ngram_size", type=int, default=0, metavar="N",
+                           help="never output an n-gram of N tokens twice (0: off)")
+        group.add_argument("--repetition_penalty", type=float, default=1.0, metavar="R",
+                           help="divide the positive logits of tokens already output by R and "
+                                "multiply their negative ones by it (1: off)")
+        group.add_argument("--min_confidence", type=float, default=0.0, metavar="C",
+                           help="print an empty translation when its confidence, the geometric "
+                                "mean of its tokens' probabilities, is below C (0: never)")
+
+    @staticmethod
     def _add_testing(group):
         group.add_argument("--ckpt", default="",
                            help="checkpoint to test; default the latest in --logdir; best: the "
@@ -335,6 +373,15 @@ RANGES = {
     "max_len_a": (lambda value: 0 <= value <= 1000, "from 0 to 1000"),
     "max_len_b": (lambda value: 1 <= value <= 10 ** 6, "from 1 to 1000000"),
      # at least one decoding step, whatever the source length
+    "min_len_a": (lambda value: 0 <= value <= 1000, "from 0 to 1000"),
+    "min_len_b": (lambda value: 0 <= value <= 10 ** 6, "from 0 to 1000000"),
+    "sampling_topk": at_least(0),
+    "sampling_topp": (lambda value: 0 < value <= 1, "above 0 and at most 1"),
+    "sampling_temperature": (lambda value: 0.01 <= value <= 100, "from 0.01 to 100"),
+    # each size is a graph of its own in serve.py
+    "no_repeat_ngram_size": (lambda value: 0 <= value <= 16, "from 0 (off) to 16"),
+    "repetition_penalty": (lambda value: 0.01 <= value <= 100, "from 0.01 to 100"),
+    "min_confidence": (lambda value: 0 <= value <= 1, "from 0 to 1"),
     "test_batch_size": at_least(1), "nbest": at_least(1),
     # numpy's and TensorFlow's seed range
     "seed": in_range(0, 2 ** 32, "from 0 to 2^32 - 1 (4294967295)"),
@@ -359,6 +406,11 @@ def range_error(hp, flags=None, where=None):
     d_model, num_heads = values.get("d_model"), values.get("num_heads")
     if d_model and num_heads and d_model % num_heads:
         return "--num_heads %d must divide --d_model %d" % (num_heads, d_model)
+    sampling = [flag for flag in ("sampling_topk", "sampling_topp", "sampling_temperature")
+                if values.get(flag, 1) != 1]
+    if sampling and values.get("beam_size", 1) > 1:
+        return ("--%s samples one hypothesis at a time: it needs --beam_size 1, not %d"
+                % (sampling[0], values["beam_size"]))
     longest = max(values.get("maxlen1", 0), values.get("maxlen2", 0))
     too_small = values.get("batch_size", longest) < longest
     if values.get("batch_type") == "tokens" and too_small and flags is None:

@@ -74,7 +74,7 @@ def test_greedy_scores_are_the_models_scores(decoding):
 def test_beam_of_one_is_greedy(decoding):
     run, _, _ = decoding
     greedy_ids, greedy_scores = run("cached_alpha0")
-    beam_ids, beam_scores = run("beam1")
+    beam_ids, beam_scores, _ = run("beam1")
     np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, atol=1e-4)
     beam_ids = beam_ids[:, 0, :]
     width = max(greedy_ids.shape[1], beam_ids.shape[1])

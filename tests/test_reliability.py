@@ -766,9 +766,9 @@ def test_decoding_stops_at_its_length_limit_whatever_the_log_probabilities(beam_
     with tf.Graph().as_default(), tf1.Session() as sess:
         cache = tf.zeros([2 * beam_size, 7])
         if beam_size == 1:
-            ids, _ = greedy_search(nan_decoder(7), cache, tf.constant(max_steps), alpha=0.6)
+            ids = greedy_search(nan_decoder(7), cache, tf.constant(max_steps), alpha=0.6)[0]
         else:
-            ids, _ = beam_search(nan_decoder(7), cache, tf.constant(max_steps), beam_size, alpha=0.6)
+            ids = beam_search(nan_decoder(7), cache, tf.constant(max_steps), beam_size, alpha=0.6)[0]
             ids = ids[:, 0]
         ids = sess.run(ids)
     assert ids.shape[1] <= 7

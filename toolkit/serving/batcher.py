@@ -3,6 +3,7 @@ close together are translated together, in batches sorted by length; a full queu
 its time is refused."""
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import queue
 import threading
@@ -106,8 +107,10 @@ class Batcher:
         """Runs the jobs' sources at once (with the attention pass when attention, under their
         beam) and hands each job its results (or the error)."""
         try:
+            wider = {} if beam is None else {"settings": dataclasses.replace(
+                self.translator.settings, beam_size=beam), "n": beam}
             results = run_in_length_batches(functools.partial(self.translator.run,
-                                                              with_attention=attention, beam=beam),
+                                                              with_attention=attention, **wider),
                                             [source for job in jobs for source in job.sources],
                                             self.translator.batch_size)
         except Exception as error:  # noqa: BLE001 (each request answers 500 with it)

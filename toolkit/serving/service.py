@@ -193,8 +193,8 @@ def read_results(documents, parts, results, sp):
         sources = [source for segment in segments for source in segment]
         document_results = [next(results) for _ in sources]
         entries.append(translation_entries(document, segments, document_results, sp))
-        maps += [attention_entry(source, ids, weights, sp) for source, (ids, _, weights)
-                 in zip(sources, document_results) if weights is not None]
+        maps += [attention_entry(source, result.ids, result.attention, sp) for source, result
+                 in zip(sources, document_results) if result.attention is not None]
     return entries, maps
 
 

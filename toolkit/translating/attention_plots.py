@@ -107,7 +107,8 @@ class AttentionPlots:
     def write(self, number, sources, part_results):
         """One PNG per part of input line `number`: DIR/NNNN.png,
         or DIR/NNNN-P.png for a split line."""
-        for part, (source, (ids, _, attention)) in enumerate(zip(sources, part_results), 1):
+        for part, (source, result) in enumerate(zip(sources, part_results), 1):
+            ids, attention = result.ids, result.attention
             target = [int(i) for i in ids[0] if i != PAD_ID]
             name = "%04d.png" % number if len(sources) == 1 else "%04d-%d.png" % (number, part)
             title = "line %d%s: last decoder block's cross-attention" % (

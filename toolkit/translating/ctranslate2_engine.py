@@ -33,6 +33,7 @@ import shutil
 
 import numpy as np
 
+from decoding import Translation
 from hparams import check_ranges, range_error
 from toolkit.base.errors import UserError
 from toolkit.base.reading import check_types, read_json, sha256_file
@@ -270,17 +271,19 @@ class CTranslate2Translator:
             - 1, suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True,
             return_end_token=return_end_token)
 
-    def run(self, sources, with_attention=False, beam=None):
+    def run(self, sources, with_attention=False, settings=None, n=None, prefixes=None):
         """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T)
         ending in </s> then 0s, scores (K,), None). beam: a beam size other than the settings'
         (its beam best translations). with_attention: taken for translator.Translator's
         interface; this engine has no attention pass."""
         from data_load import pad
         results = []
-        for result in self.decode(sources, beam_size=beam, nbest=beam):
+        beam = None if settings is None else settings.beam_size
+        for result in self.decode(sources, beam_size=beam, nbest=n):
             hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens
                           in result.hypotheses]
-            results.append((pad(hypotheses)[0], np.array(result.scores, np.float32), None))
+            results.append(Translation(pad(hypotheses)[0], np.array(result.scores, np.float32),
+                                       None, np.array(result.scores, np.float32)))
         return results
 
     def close(self):

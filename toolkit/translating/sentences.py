@@ -121,10 +121,10 @@ def prepare(text, sp, limit):
 def nbest_texts(part_results, sp):
     """part_results: the translator's results of one line's parts. Returns [(text, score)], best
     first: entry k joins the k-th best translation of every part, with the sum of their scores."""
-    texts = [postprocess(ids, sp) for ids, _, _ in part_results]  # per part, K texts
+    texts = [postprocess(result.ids, sp) for result in part_results]  # per part, K texts
     entries = []
     for k in range(len(texts[0])):
-        part_scores = [scores[k] for _, scores, _ in part_results]
+        part_scores = [result.scores[k] for result in part_results]
         if min(part_scores) > decoding.NEG_INF / 2:
             entries.append((" ".join(part[k] for part in texts), float(sum(part_scores))))
     return entries

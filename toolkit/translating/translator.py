@@ -1,8 +1,10 @@
 """The model of translate.py, serve.py and test.py --src, held open: one decoding graph over
 placeholders (or, to score, one teacher-forced graph) and a session with the checkpoint restored; or
 the CTranslate2 engine of a model exported by export.py --format ctranslate2."""
+import contextlib
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 import decoding
@@ -12,6 +14,24 @@ from toolkit.base.errors import UserError
 from toolkit.base.ids import PAD_ID
 
 tf1 = tf.compat.v1
+
+#: The dtypes of decoding.FED_OPTIONS' placeholders.
+FED_TYPES = {"min_len_a": tf.float32, "min_len_b": tf.int32, "sampling_topk": tf.int32,
+             "sampling_topp": tf.float32, "sampling_temperature": tf.float32,
+             "repetition_penalty": tf.float32}
+
+
+def graph_key(settings):
+    """What fixes the decoding graph of settings: everything but the numbers of the fed options
+    that are on, which stand as "fed"."""
+    return dataclasses.replace(settings, **{option: "fed" for option in decoding.FED_OPTIONS
+                                            if settings.uses(option)}, min_confidence=0.0)
+
+
+def pad_prefixes(prefixes):
+    """Target prefixes (lists of ids) as one (N, P) int32 array padded with 0, P at least 1."""
+    width = max([1] + [len(ids) for ids in prefixes])
+    return np.array([list(ids) + [PAD_ID] * (width - len(ids)) for ids in prefixes], np.int32)
 
 
 class Translator:
@@ -38,41 +58,65 @@ class Translator:
             lengths = tf.reduce_sum(tf.cast(tf.not_equal(self.targets, PAD_ID), tf.int32), axis=1)
             self.forced_scores = log_probs, log_probs / decoding.length_penalty(lengths, hp.alpha)
         else:
-            # (N, nbest, T), (N, nbest): best first
             self.model, self.xs = model, xs
             self.settings = decoding.DecodingSettings.from_flags(hp)
-            self.nbest_ids, self.nbest_scores = decoding.nbest(model, xs, self.settings, nbest)
-            self.beams = {None: (self.nbest_ids, self.nbest_scores)}
+            self.nbest = nbest
+            # (settings' graph_key, n, with a prefix) -> (outputs, {option: placeholder}, prefix)
+            self.graphs = {}
+            self.decoder(self.settings, nbest, False)  # the flags' graph, built now
         if with_attention:
             self.attention = model.attention(xs, self.targets)  # (N, h, T2, T1)
         self.sess = trained.session()
 
-    def run(self, sources, with_attention=True, beam=None):
+    def run(self, sources, with_attention=True, settings=None, n=None, prefixes=None):
         """sources: list of N id lists, each ending in </s>. with_attention: run the attention pass
-        (a translator built with_attention) for these sources; False skips it. beam: a beam size
-        other than the flags' (the beam best translations of each source), its graph built on
-        first use over the same weights.
+        (a translator built with_attention) for these sources; False skips it. settings: a
+        decoding.DecodingSettings other than the flags' and n the translations it returns per
+        source (None: the flags' and nbest); its graph is built on first use over the same
+        weights, and requests that differ only in the numbers of decoding.FED_OPTIONS share it.
+        prefixes: None, or per source the target ids its translations start with.
 
-        Returns per source: nbest ids (K, T) ending in </s> then 0s, scores (K,) (a slot beam search
-        could not fill scores NEG_INF), and the best translation's attention (h, T2, T1), or None
-        without it.
+        Returns per source a decoding.Translation: ids (n, T) ending in </s> then 0s, scores (n,)
+        (a slot beam search could not fill scores NEG_INF), the best translation's attention (h,
+        T2, T1) or None without it, and the model's log-probabilities (n,).
         """
+        settings = settings or self.settings
+        (ids_op, scores_op, log_probs_op), options, prefix = self.decoder(
+            settings, n or self.nbest, prefixes is not None)
         x, x_seqlen = pad(sources)
         feed = {self.x: x, self.x_seqlen: x_seqlen}
-        ids, scores = self.sess.run(self.decoder(beam), feed)
+        outputs = self.sess.run((ids_op, scores_op, log_probs_op), {
+            **feed, **{placeholder: getattr(settings, option) for option, placeholder
+                       in options.items()},
+            **({prefix: pad_prefixes(prefixes)} if prefixes is not None else {})})
+        ids = outputs[0]
         attention = [None] * len(sources)
         if self.attention is not None and with_attention:
             attention = self.sess.run(self.attention, {**feed, self.targets: ids[:, 0, :]})
-        return list(zip(ids, scores, attention))
+        return [decoding.Translation(*row) for row in zip(ids, outputs[1], attention, outputs[2])]
 
-    def decoder(self, beam):
-        """The (ids, scores) tensors of the beam best translations under a beam of that size (of
-        the flags' beam and n-best when None)."""
-        if beam not in self.beams:
-            settings = dataclasses.replace(self.settings, beam_size=beam)
-            with self.sess.graph.as_default():  # the default graph is per thread
-                self.beams[beam] = decoding.nbest(self.model, self.xs, settings, beam)
-        return self.beams[beam]
+    def decoder(self, settings, n, with_prefix):
+        """The (ids, scores, log_probs) tensors of the n best translations under settings, the
+        placeholders of its fed options and of the prefixes (None without), built on first use."""
+        key = (graph_key(settings), n, with_prefix)
+        if key not in self.graphs:
+            with self.model_graph():
+                fed = {option: tf1.placeholder_with_default(
+                    tf.constant(getattr(settings, option), FED_TYPES[option]), [], name=option)
+                    for option in decoding.FED_OPTIONS if settings.uses(option)}
+                # (N, P) target prefixes padded with 0
+                prefix = tf1.placeholder(tf.int32, [None, None], "prefix") if with_prefix \
+                    else None
+                outputs = decoding.search(self.model, self.xs,
+                                          dataclasses.replace(settings, **fed), n, prefix)
+            self.graphs[key] = outputs, fed, prefix
+        return self.graphs[key]
+
+    def model_graph(self):
+        """The translator's graph as the default one: the default graph is per thread, and serve.py
+        builds graphs in its worker thread."""
+        sess = getattr(self, "sess", None)
+        return sess.graph.as_default() if sess else contextlib.nullcontext()
 
     def score(self, sources, targets):
         """sources, targets: lists of N id lists, each ending in </s>. Returns per pair
