@@ -1,14 +1,19 @@
-"""Decoding: a model's translations, greedy or by beam search, each batch inside one tf.while_loop
-(Vaswani et al., 2017, Section 6.1: beam search with a length penalty, outputs at most a constant
-longer than the input).
+"""Decoding: a model's translations, greedy, by beam search or by sampling, each batch inside one
+tf.while_loop (Vaswani et al., 2017, Section 6.1: beam search with a length penalty, outputs at
+most a constant longer than the input).
 
     settings = DecodingSettings(beam_size=4, alpha=0.6)    # or DecodingSettings.from_flags(hp)
     ids, scores = translate(model, xs, settings)           # the best: (N, T), (N,)
     ids, scores = nbest(model, xs, settings, n)            # the n best: (N, n, T), (N, n)
+    ids, scores, log_probs = search(model, xs, settings, n, prefix)
+        # and the model's log p(ids) (N, n), whose mean per token is the confidence
 
-model is a model.Transformer; xs = data_load.Sources(x (N, T1), x_seqlen (N,)). The searches run a
-step function, step_fn(tokens (B,), step, state[, parents]) -> logits (B, V), new state, that the
-model builds (Transformer.cached_decoder: its decoder stack one position at a time). This module
+model is a model.Transformer, or an Ensemble of several; xs = data_load.Sources(x (N, T1),
+x_seqlen (N,)). The searches run a step function, step_fn(tokens (B,), step, state[, parents]) ->
+logits (B, V), new state, that the model builds (Transformer.cached_decoder: its decoder stack one
+position at a time). The options of DecodingSettings (a minimum length, sampling, n-gram blocking, a
+repetition penalty) and a target prefix are steps of StepRules, between the logits and the choice of
+a token; with every option off the searches run as they did before the options existed. This module
 knows logits, tokens and the cache's layout (B, h, L, d), not the model's layers; grow_cache and
 write_in_place serve the fast model's cache (fast.model.FastTransformer), which grows in chunks
 about as long as what was decoded and is written without copies.

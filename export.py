@@ -14,9 +14,14 @@ Signature serving_default:
     output  ids      int32 (N, T')   the translations' ids, each ending in </s> (3) and
                                      padded with 0
             scores   float32 (N,)    log p(ids | src) / ((5 + length) / 6)^alpha
+            log_probs  float32 (N,)  log p(ids | src), </s> included
+            confidence float32 (N,)  exp(log_probs / tokens): the geometric mean of the
+                                     translation's token probabilities
 Beam size, alpha and the length limit (max_len_a * source length + max_len_b) are fixed at export;
-by default they are those of LOGDIR/hparams.json, as for test.py. The data dir's sentencepiece model
-is the SavedModel's only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates
+by default they are those of LOGDIR/hparams.json, as for test.py. So are the numeric decoding
+options (--min_len_a, --min_len_b, --sampling_topk, --sampling_topp, --sampling_temperature,
+--no_repeat_ngram_size, --repetition_penalty; off by default; see docs/decoding.md). The data
+dir's sentencepiece model is the SavedModel's only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates
 text with tensorflow and sentencepiece alone.
 
 --format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16),
@@ -36,8 +41,9 @@ import shlex
 
 import tensorflow as tf
 
+import decoding
 from data_load import Sources
-from hparams import TRAINED_FLAGS_HINT
+from hparams import TRAINED_FLAGS_HINT, add_decoding_options
 from toolkit.translating import argos_package, ctranslate2_engine
 from toolkit.base.cli import OneLineParser, run_cli
 from toolkit.base.errors import UserError, writing
@@ -49,8 +55,13 @@ from toolkit.translating.trained_model import TrainedModel, trained_hparams
 
 tf1 = tf.compat.v1
 
+#: The decoding options a SavedModel fixes at export: the numbers (a prefix and an ensemble
+#: are not).
+EXPORTED_OPTIONS = ("min_len_a", "min_len_b", "sampling_topk", "sampling_topp",
+                    "sampling_temperature", "no_repeat_ngram_size", "repetition_penalty")
 #: The flags of export.py that, when given, override the values in LOGDIR/hparams.json.
-TRAINED_OVERRIDES = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b")
+TRAINED_OVERRIDES = ("data_dir", "beam_size", "alpha", "max_len_a", "max_len_b") \
+    + EXPORTED_OPTIONS
 
 
 def build_parser():
@@ -86,6 +97,8 @@ def build_parser():
     parser.add_argument("--quantization", choices=["float32", "int8", "int16"],
                         help="weight type of --format ctranslate2 or argos (default float32); the "
                              "SavedModel is float32")
+    add_decoding_options(parser.add_argument_group(
+        "decoding options of the SavedModel (see docs/decoding.md)"), EXPORTED_OPTIONS)
     argos_package.add_flags(parser)
     return parser
 
@@ -99,6 +112,12 @@ def parse_args(argv):
                         "SavedModel holds the float32 weights; add --format ctranslate2, or leave "
                         "--quantization out" % args.quantization)
     argos_package.check_flags(args)
+    given = [option for option in EXPORTED_OPTIONS
+             if getattr(args, option) != decoding.OPTION_DEFAULTS[option]]
+    if given and args.format != "savedmodel":
+        raise UserError("--%s is fixed in a SavedModel only: a %s model takes it when it "
+                        "translates (translate.py or serve.py --%s); leave it out here"
+                        % (given[0], args.format, given[0]))
     args.quantization = args.quantization or "float32"
     hp = trained_hparams(args.logdir, {flag: getattr(args, flag) for flag in TRAINED_OVERRIDES
                                        if getattr(args, flag) is not None})
@@ -114,15 +133,20 @@ def parse_args(argv):
 def build_translator(trained):
     """Translation graph over a src_ids placeholder (N, T), in the default graph.
 
-    Returns the signature's inputs {"src_ids"} and outputs {"ids" (N, T'), "scores" (N,)}.
+    Returns the signature's inputs {"src_ids"} and outputs {"ids" (N, T'), "scores" (N,),
+    "log_probs" (N,), "confidence" (N,)}.
     """
     src_ids = tf1.placeholder(tf.int32, [None, None], name="src_ids")
     # (N,), counts </s>
     x_seqlen = tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1)
     xs = Sources(src_ids, x_seqlen)
-    ids, scores = trained.translation(xs)
+    ids, scores, log_probs = (t[:, 0] for t in decoding.search(
+        trained.build(), xs, decoding.DecodingSettings.from_flags(trained.hp)))
+    tokens = tf.reduce_sum(tf.cast(tf.not_equal(ids, PAD_ID), tf.float32), axis=1)
     return {"src_ids": src_ids}, {"ids": tf.identity(ids, name="ids"),
-                                  "scores": tf.identity(scores, name="scores")}
+                                  "scores": tf.identity(scores, name="scores"),
+                                  "log_probs": tf.identity(log_probs, name="log_probs"),
+                                  "confidence": tf.exp(log_probs / tokens, name="confidence")}
 
 
 def save_model(sess, export_dir, inputs, outputs, asset):

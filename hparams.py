@@ -276,6 +276,12 @@ class Hparams:
                            help="sentences per decoding batch")
 
 
+def add_decoding_options(group, only):
+    """Adds the decoding options named in `only` (of DECODING_OPTIONS) to an argument group of
+    another parser (export.py's), with the help and defaults the decoding tools give them."""
+    Hparams._add_decoding_options(_Only(group, only))
+
+
 class ResolvedHparams(argparse.Namespace):
     """Flags once they are resolved (resolved()): read-only, so that every part of a run sees the
     values it was started with."""

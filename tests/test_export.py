@@ -77,12 +77,53 @@ def test_saved_model_signature_and_sentencepiece_asset(trained, export_dir):
             return {name: (tf.as_dtype(info.dtype), [dim.size for dim in info.tensor_shape.dim])
                     for name, info in tensors.items()}
         assert specs(signature.inputs) == {"src_ids": (tf.int32, [-1, -1])}
-        assert specs(signature.outputs) == {"ids": (tf.int32, [-1, -1]), "scores": (tf.float32, [-1])}
-        ids, scores = sess.run([graph.get_tensor_by_name(signature.outputs[name].name) for name in ("ids", "scores")],
-                               {graph.get_tensor_by_name(signature.inputs["src_ids"].name): src_ids})
+        assert specs(signature.outputs) == {"ids": (tf.int32, [-1, -1]), "scores": (tf.float32, [-1]),
+                                            "log_probs": (tf.float32, [-1]), "confidence": (tf.float32, [-1])}
+        ids, scores, log_probs, confidence = sess.run(
+            [graph.get_tensor_by_name(signature.outputs[name].name) for name in ("ids", "scores", "log_probs", "confidence")],
+            {graph.get_tensor_by_name(signature.inputs["src_ids"].name): src_ids})
     assert scores.shape == (3,) and np.all(scores < 0)
     for row in ids.tolist():
         assert 3 in row and not any(row[row.index(3) + 1:]), row  # ends in </s>, then 0s
+    lengths = (ids != 0).sum(1)
+    # beam 2, alpha 0.6: the score is the log-probability over the length penalty
+    np.testing.assert_allclose(scores, log_probs / ((5 + lengths) / 6) ** 0.6, rtol=1e-5)
+    np.testing.assert_allclose(confidence, np.exp(log_probs / lengths), rtol=1e-5)
+    assert np.all((0 < confidence) & (confidence <= 1))
+
+
+def test_a_saved_model_keeps_the_numeric_decoding_options_given_at_export(trained):
+    """--min_len_b and --no_repeat_ngram_size are fixed in the graph: every output is at least that
+    long and repeats no bigram, where the same model without them stops earlier or repeats."""
+    root, data_dir, logdir = trained
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(data_dir, "bpe.model"))
+    sources = [ids + [3] for ids in sp.encode(read_lines(os.path.join(data_dir, "test.1"))[:8])]
+    src_ids = np.zeros([len(sources), max(map(len, sources))], np.int32)
+    for row, ids in zip(src_ids, sources):
+        row[:len(ids)] = ids
+    outputs = {}
+    for name, flags in (("plain", []), ("options", ["--min_len_b", "12", "--no_repeat_ngram_size", "2"])):
+        path = str(root / ("export-" + name))
+        assert export.main(["--logdir", logdir, "--export_dir", path, "--max_len_b", "30"] + flags) == 0
+        with tf.Graph().as_default() as graph, tf1.Session() as sess:
+            signature = tf1.saved_model.loader.load(sess, [tf1.saved_model.tag_constants.SERVING],
+                                                    path).signature_def["serving_default"]
+            outputs[name] = sess.run(graph.get_tensor_by_name(signature.outputs["ids"].name),
+                                     {graph.get_tensor_by_name(signature.inputs["src_ids"].name): src_ids})
+    plain_lengths = [row.tolist().index(3) for row in outputs["plain"]]
+    assert min(plain_lengths) < 12, plain_lengths  # the minimum has something to do
+    for row in outputs["options"].tolist():
+        tokens = row[:row.index(3)]
+        assert len(tokens) >= 12, row
+        bigrams = list(zip(tokens, tokens[1:]))
+        assert len(bigrams) == len(set(bigrams)), row
+
+
+def test_export_refuses_decoding_options_for_a_ctranslate2_model(trained, tmp_path):
+    _, _, logdir = trained
+    with pytest.raises(UserError, match="--sampling_topk is fixed in a SavedModel only"):
+        export.main(["--logdir", logdir, "--export_dir", str(tmp_path / "ct2"), "--format", "ctranslate2",
+                     "--sampling_topk", "5"])
 
 
 def test_export_refuses_a_non_empty_export_dir(trained, export_dir):
