@@ -2,7 +2,7 @@
 
     python scripts/bench_decode.py [--data_dir data/multi30k] [--sentences 500] [--batch_size 100]
                                    [--logdir LOGDIR] [--max_steps 50] [--threads 0] [--no_reference]
-                                   [--profile K]
+                                   [--ensemble] [--profile K]
 
 Without --logdir the model has the fixed size d_model 256, 3+3 blocks, d_ff 1024, 8 heads and the data dir's
 vocabulary (8000 for Multi30k), with random weights. Random weights almost never emit </s>, so every sentence is
@@ -14,7 +14,9 @@ length limit per batch: the longest of its sentences').
 Decoders: the reference path's greedy (model.Transformer in float32, its cache appended to by concatenation; left
 out with --no_reference), the model's cached greedy (--impl fast: FastTransformer's), cached beam 4, and, when the
 ctranslate2 package is installed, CTranslate2 greedy and beam 4 with the same weights converted
-(ctranslate2_engine.py) and run with float32 and with int8 weights, on as many threads.
+(ctranslate2_engine.py) and run with float32 and with int8 weights, on as many threads. With --ensemble,
+greedy and beam 4 of an ensemble (decoding.Ensemble) of the model and a second random one of its size, and the
+ratio of their time to one model's.
 
 The first --sentences source lines of the eval (dev) split are sorted by length and cut into batches of
 --batch_size sentences. Each decoder runs once on the first batch untimed (TensorFlow optimizes the graph on the
@@ -46,7 +48,7 @@ from toolkit.translating import ctranslate2_engine  # noqa: E402
 from bench_train import matmul_gflops, op_type  # noqa: E402
 from data_load import EOS_ID, Sources, load_side, pad  # noqa: E402
 from toolkit.data.datadir import bpe_model_path, load_manifest  # noqa: E402
-from decoding import DecodingSettings, translate  # noqa: E402
+from decoding import DecodingSettings, Ensemble, translate  # noqa: E402
 from hparams import Hparams, resolved  # noqa: E402
 from toolkit.translating.trained_model import TrainedModel, trained_hparams  # noqa: E402
 from model import ModelConfig, Transformer  # noqa: E402
@@ -73,10 +75,16 @@ def parse_args(argv):
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads; 0 uses every core")
     parser.add_argument("--no_reference", action="store_true",
                         help="leave out the reference path's (slower) greedy decoder")
+    parser.add_argument("--ensemble", action="store_true",
+                        help="also decode with an ensemble of the model and a second one of its size "
+                             "(random weights; not with --logdir), greedy and beam 4")
     parser.add_argument("--profile", type=int, default=0, metavar="K",
                         help="trace K runs of cached greedy and of beam 4 on the first batch: time per op type "
                              "and per part of the decoding step")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.ensemble and args.logdir:
+        parser.error("--ensemble measures random weights: leave out --logdir")
+    return args
 
 
 def model_hparams(args):
@@ -203,6 +211,12 @@ def main(argv=None):
     cached_ids, _ = translate(model, xs, greedy)
     graph_build_s = time.perf_counter() - start
     ops = {"cached_greedy": cached_ids, "beam4": translate(model, xs, dataclasses.replace(greedy, beam_size=BEAM))[0]}
+    if args.ensemble:  # a second model of the same size, in a scope of its own
+        with tf1.variable_scope("ensemble_1"):
+            second = build_transformer(ModelConfig.from_flags(hp))
+        ensemble = Ensemble([model, second], [None, "ensemble_1"])
+        ops["ensemble2_greedy"] = translate(ensemble, xs, greedy)[0]
+        ops["ensemble2_beam4"] = translate(ensemble, xs, dataclasses.replace(greedy, beam_size=BEAM))[0]
     if not args.no_reference:
         reference = Transformer(dataclasses.replace(ModelConfig.from_flags(hp), impl="reference", precision="fp32"))
         ops["reference_greedy"] = translate(reference, xs, greedy)[0]
@@ -240,6 +254,9 @@ def main(argv=None):
             "ct2_fp32_greedy_agreement": round(agreement(runs["cached_greedy"][2], runs["ct2_fp32_greedy"][2],
                                                          None if args.logdir else args.max_steps - 1), 4),
         })
+    if "ensemble2_greedy" in runs:  # time per sentence, relative to one model's
+        result.update({"ensemble2_greedy_time_ratio": round(speed["cached_greedy"] / speed["ensemble2_greedy"], 3),
+                       "ensemble2_beam4_time_ratio": round(speed["beam4"] / speed["ensemble2_beam4"], 3)})
     if "reference_greedy" in runs:
         result.update({
             "cached_vs_reference_speedup": round(speed["cached_greedy"] / speed["reference_greedy"], 2),
