@@ -115,6 +115,9 @@ def parse_args(argv):
     with the decoding flags of argv on top) and args (every flag, including those
     of translate.py alone)."""
     args, given = parse_flags(build_parser(), argv, intermixed=True)
+    if args.ensemble and args.engine == "ctranslate2":
+        raise UserError("--ensemble decodes with the TensorFlow engine: leave out --engine "
+                        "ctranslate2, or --ensemble")
     hp = ctranslate2_hparams(args, given) if args.engine == "ctranslate2" else trained_hparams(
         args.logdir, decoding_flags(given))
     if args.sentences and args.input:

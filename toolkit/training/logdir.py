@@ -311,17 +311,26 @@ def existing_checkpoints(logdir):
 OPTIONAL_VARIABLES = (SCHEDULE_TOTAL_STEPS,)
 
 
+def checkpoint_names(variables=None):
+    """{name in a checkpoint: variable} of variables: a list, each under its own name (default:
+    every variable of the default graph), or such a dict already (a model built in a variable
+    scope, restored from its own checkpoint)."""
+    if isinstance(variables, dict):
+        return variables
+    return {v.op.name: v for v in (tf1.global_variables() if variables is None else variables)}
+
+
 def checkpoint_difference(ckpt, variables=None):
     """How the variables of checkpoint ckpt differ from those of the default graph (or from
-    `variables`): a phrase, or None.
+    `variables`, as checkpoint_names takes them): a phrase, or None.
 
     Weights in the checkpoint that the graph lacks count too (found by their Adam slot), so that a
     model with fewer blocks never restores half of a bigger one silently.
     """
     saved = dict(tf.train.list_variables(ckpt))
     names = set()
-    for variable in tf1.global_variables() if variables is None else variables:
-        name, shape = variable.op.name, variable.shape.as_list()
+    for name, variable in checkpoint_names(variables).items():
+        shape = variable.shape.as_list()
         names.add(name)
         if name not in saved and name in OPTIONAL_VARIABLES:
             continue
@@ -347,18 +356,18 @@ def unreadable_reason(ckpt):
     return None
 
 
-def restore(sess, ckpt, logdir, saver=None, follow_latest=False):
-    """Restores every variable of the graph (or those of saver) from ckpt; OPTIONAL_VARIABLES that
-    ckpt lacks are initialized instead. Returns the checkpoint restored: with follow_latest (ckpt
-    was the latest, not one the user named), the newest one when training deleted ckpt before it
-    could be opened.
+def restore(sess, ckpt, logdir, saver=None, follow_latest=False, variables=None):
+    """Restores every variable of the graph (or those of saver, or `variables`: a list, or {name in
+    ckpt: variable}, see checkpoint_names) from ckpt; OPTIONAL_VARIABLES that ckpt lacks are
+    initialized instead. Returns the checkpoint restored: with follow_latest (ckpt was the latest,
+    not one the user named), the newest one when training deleted ckpt before it could be opened.
 
     A truncated or unreadable checkpoint, or one whose variables differ from the model built from
     hparams.json, is a UserError that says what is wrong and lists the checkpoints that exist.
     """
     for _ in range(PIN_ATTEMPTS):
         try:
-            restore_pinned(sess, ckpt, logdir, saver)
+            restore_pinned(sess, ckpt, logdir, saver, variables)
             return ckpt
         except CheckpointGone:
             if not follow_latest:
@@ -381,23 +390,27 @@ class CheckpointGone(UserError):
                          "away, see --keep_checkpoints): run again to read the newest one" % ckpt)
 
 
-def restore_pinned(sess, ckpt, logdir, saver):
+def restore_pinned(sess, ckpt, logdir, saver, variables=None):
     """restore() of one checkpoint, read through pinned_checkpoint."""
     existing = existing_checkpoints(logdir) or "none"
+    named = checkpoint_names(variables)
     with pinned_checkpoint(ckpt) as path:
         try:
-            difference = checkpoint_difference(path)
+            difference = checkpoint_difference(path, named)
             if difference:
                 raise UserError("%s does not match the model that %s/hparams.json describes: %s; "
                                 "checkpoints in %s: %s"
                                 % (ckpt, logdir, difference, logdir, existing))
             saved = {name for name, _ in tf.train.list_variables(path)}
-            missing = [v for v in tf1.global_variables() if v.op.name not in saved]
+            missing = [name for name in named if name not in saved]
             # only OPTIONAL_VARIABLES, which checkpoint_difference allows: start them at
             # initial values
             if missing:
-                sess.run(tf1.variables_initializer(missing))
-                saver = tf1.train.Saver([v for v in tf1.global_variables() if v not in missing])
+                sess.run(tf1.variables_initializer([named[name] for name in missing]))
+                saver = tf1.train.Saver({name: variable for name, variable in named.items()
+                                         if name not in missing})
+            elif variables is not None:
+                saver = saver or tf1.train.Saver(named)
             (saver or tf1.train.Saver()).restore(sess, path)
         except (tf.errors.OpError, ValueError) as error:
             reason = unreadable_reason(path) or str(error).strip().splitlines()[0][:200]
