@@ -77,7 +77,7 @@ class DecodingSettings:
         return isinstance(value, tf.Tensor) or value != OPTION_DEFAULTS[option]
 
     def samples(self):
-        """Whether tokens are sampled (sample_tokens) rather than chosen by greedy or beam search."""
+        """Whether tokens are drawn (sample_tokens) rather than chosen by greedy or beam search."""
         return any(self.uses(option) for option in SAMPLING_OPTIONS)
 
     def reshapes_distribution(self):

@@ -21,8 +21,8 @@ Beam size, alpha and the length limit (max_len_a * source length + max_len_b) ar
 by default they are those of LOGDIR/hparams.json, as for test.py. So are the numeric decoding
 options (--min_len_a, --min_len_b, --sampling_topk, --sampling_topp, --sampling_temperature,
 --no_repeat_ngram_size, --repetition_penalty; off by default; see docs/decoding.md). The data
-dir's sentencepiece model is the SavedModel's only asset (EXPORT_DIR/assets/bpe.model); scripts/serve_example.py translates
-text with tensorflow and sentencepiece alone.
+dir's sentencepiece model is the SavedModel's only asset (EXPORT_DIR/assets/bpe.model);
+scripts/serve_example.py translates text with tensorflow and sentencepiece alone.
 
 --format ctranslate2 writes CTranslate2's files (weights in float32, or quantized to int8 or int16),
 bpe.model, and translate.json (the decoding settings and the model's source length limit) for
