@@ -34,7 +34,7 @@ import shutil
 import numpy as np
 
 from decoding import Translation
-from hparams import check_ranges, range_error
+from hparams import DECODING_OPTIONS, check_ranges, range_error
 from toolkit.base.errors import UserError
 from toolkit.base.reading import check_types, read_json, sha256_file
 from toolkit.base.writing import write_json
@@ -160,24 +160,34 @@ def write_model(weights, hp, bpe_model, model_dir, quantization="float32", setti
                {**(settings or {}), "bpe_sha256": sha256_file(bpe_model)})
 
 
+#: The decoding flags a CTranslate2 model directory takes on top of its settings: the search's,
+#: and the options of hparams.DECODING_OPTIONS with --seed but --ensemble (one model per
+#: directory).
+DECODING_FLAGS = ("beam_size", "alpha", "max_len_a", "max_len_b", "seed") + tuple(
+    flag for flag in DECODING_OPTIONS if flag != "ensemble")
+
+
 def exported_hparams(model_dir, given, test_batch_size, threads):
     """The settings of model_dir (written by export.py --format ctranslate2) as hparams, with the
-    decoding flags given (a dict) on top, checked before any model is loaded; a UserError when
-    model_dir is not given or not one, or its SETTINGS_FILE or BPE_MODEL is damaged."""
+    decoding flags given (a dict; DECODING_FLAGS) on top, checked before any model is loaded; a
+    UserError when model_dir is not given or not one, or its SETTINGS_FILE or BPE_MODEL is damaged,
+    or --ensemble is given."""
     if not model_dir:
         raise UserError("--engine ctranslate2 needs --model DIR, a directory written by export.py "
                         "--format ctranslate2")
+    if given.get("ensemble"):
+        raise UserError("--ensemble needs --engine tensorflow: a CTranslate2 model directory holds "
+                        "one model (pass --logdir and the ensemble's logdirs or checkpoints)")
     try:
         settings = read_settings(model_dir)
     except OSError:
         raise UserError("--model %s is not a directory written by export.py --format ctranslate2 "
                         "(no readable %s)" % (model_dir, SETTINGS_FILE)) from None
     check_bpe_model(model_dir, settings)
-    decoding = {flag: given[flag] for flag in ("beam_size", "alpha", "max_len_a", "max_len_b")
-                if flag in given}
+    decoding = {flag: given[flag] for flag in DECODING_FLAGS if flag in given}
     hp = argparse.Namespace(**{**settings, "test_batch_size": test_batch_size, "threads": threads,
                                **decoding})
-    check_ranges(hp, ("beam_size", "alpha", "max_len_a", "max_len_b", "test_batch_size", "threads"))
+    check_ranges(hp, DECODING_FLAGS + ("test_batch_size", "threads"))
     return hp
 
 
@@ -229,63 +239,198 @@ ONE_BATCH_THREADS = 1
 
 
 class CTranslate2Translator:
-    """Translates batches of source ids with a converted model,
-    with the interface of toolkit.translating.translator.Translator.
+    """Translates batches of source ids with a converted model, with the interface of
+    toolkit.translating.translator.Translator.run, each decoding.DecodingSettings option mapped onto
+    CTranslate2's translate_batch (engine_options).
 
-    Each batch is decoded for at most the longest limit of its sentences,
-    max_len_a * source length + max_len_b steps (counting </s>), since CTranslate2 takes one limit
-    per batch; translate.py batches sources of similar length (data_load.run_in_length_batches), so
-    the limits of a batch are close. <pad> and <s> are never output, as in our decoder.
+    Each batch is decoded for at most the longest limit of its sentences, max_len_a * source length
+    + max_len_b steps (counting </s>), since CTranslate2 takes one limit per batch; translate.py
+    batches sources of similar length (data_load.run_in_length_batches), so the limits of a batch
+    are close. A minimum length is one per call too, so a batch whose sentences have different
+    minima (min_len_a > 0) is decoded in groups of one minimum each. <pad> and <s> are never output,
+    as in our decoder.
+
+    Scores and confidences are our own, not CTranslate2's: its scores leave out the prefix's tokens
+    and the </s> our decoder adds at the limit, renormalize the distribution over the tokens left
+    once some are banned, and divide by length ^ alpha instead of decoding.length_penalty. So the
+    model's log p(ids) (</s> included) is taken from a scoring pass over the translations
+    (score_batch: one teacher-forced decoder pass, much cheaper than the step-by-step search), and
+    the scores are log p / length_penalty(tokens with </s>, alpha) as in decoding.search; a beam's
+    finished hypotheses are ranked by them.
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
-        """settings: a decoding.DecodingSettings. batch_size: sources per batch (translate.py's
-        batching). threads: CTranslate2's threads within a batch; 0 (--threads' default)
-        means ONE_BATCH_THREADS."""
+        """settings: a decoding.DecodingSettings, the default of run (its seed is the sampling's
+        for every run). batch_size: sources per batch (translate.py's batching). threads:
+        CTranslate2's threads within a batch; 0 (--threads' default) means ONE_BATCH_THREADS."""
         import ctranslate2
         import sentencepiece as spm
         self.settings, self.nbest, self.batch_size = settings, nbest, batch_size
+        self.model_dir = model_dir
         self.sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, BPE_MODEL))
         self.eos_id = self.sp.piece_to_id("</s>")
+        # sampling's seed: CTranslate2 seeds each of its threads' generators once, from the seed
+        # set when the thread first draws (set later, it changes nothing for them), so the seed
+        # is the settings' for the translator's life, whatever the seed of a run's settings
+        ctranslate2.set_random_seed(settings.seed)
         self.engine = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
                                              intra_threads=threads or ONE_BATCH_THREADS)
 
-    def max_steps(self, sources):
+    def max_steps(self, sources, settings=None):
         """The decoding limit of a batch: the longest of
         ceil(a * source length + b) (decoding.max_decoding_steps)."""
-        settings = self.settings
+        settings = settings or self.settings
         return max(int(np.ceil(settings.max_len_a * (len(ids) - 1) + settings.max_len_b)) for ids
                    in sources)
 
+    def pieces(self, ids):
+        """The pieces of a list of ids."""
+        return [self.sp.id_to_piece(int(i)) for i in ids]
+
     def decode(self, sources, max_steps=None, min_steps=1, beam_size=None, return_end_token=False,
-               nbest=None):
+               nbest=None, **options):
         """CTranslate2's results for sources (lists of ids ending in </s>): max_steps decoder steps
-        at most (the last one may only give </s>; default self.max_steps), min_steps at least;
-        beam_size default the settings', nbest hypotheses each (default self.nbest)."""
+        at most (the last one may only give </s>; default self.max_steps), min_steps at least
+        (counting </s>); beam_size default the settings', nbest hypotheses each (default
+        self.nbest); options: more arguments of translate_batch (engine_options)."""
         max_steps = max_steps or self.max_steps(sources)
+        # CTranslate2 counts the tokens it outputs, </s> among them: its last step is our last
+        # step but one (ours may only give </s>, which run adds when a hypothesis lacks it)
         return self.engine.translate_batch(
-            [[self.sp.id_to_piece(int(i)) for i in ids] for ids in sources],
-            beam_size=beam_size or self.settings.beam_size, num_hypotheses=nbest or self.nbest,
-            length_penalty=self.settings.alpha,
-            max_input_length=0, max_decoding_length=max_steps - 1, min_decoding_length=min_steps
-            - 1, suppress_sequences=[["<pad>"], ["<s>"]], return_scores=True,
-            return_end_token=return_end_token)
+            [self.pieces(ids) for ids in sources], beam_size=beam_size or self.settings.beam_size,
+            num_hypotheses=nbest or self.nbest, length_penalty=self.settings.alpha,
+            max_input_length=0, max_decoding_length=max_steps - 1,
+            min_decoding_length=min(min_steps, max_steps) - 1,
+            suppress_sequences=[["<pad>"], ["<s>"]], return_end_token=return_end_token, **options)
 
     def run(self, sources, with_attention=False, settings=None, n=None, prefixes=None):
-        """Translates a batch of sources (id lists ending in </s>). Returns per source (ids (K, T)
-        ending in </s> then 0s, scores (K,), None). beam: a beam size other than the settings'
-        (its beam best translations). with_attention: taken for translator.Translator's
-        interface; this engine has no attention pass."""
-        from data_load import pad
-        results = []
-        beam = None if settings is None else settings.beam_size
-        for result in self.decode(sources, beam_size=beam, nbest=n):
-            hypotheses = [[self.sp.piece_to_id(p) for p in tokens] + [self.eos_id] for tokens
-                          in result.hypotheses]
-            results.append(Translation(pad(hypotheses)[0], np.array(result.scores, np.float32),
-                                       None, np.array(result.scores, np.float32)))
+        """Translates a batch of sources (id lists ending in </s>) under settings (a
+        decoding.DecodingSettings; None: self.settings), n translations each (None: self.nbest),
+        each starting with its prefix (prefixes: None, or per source a list of target ids).
+        Returns per source a decoding.Translation: ids (n, T) ending in </s> then 0s, scores (n,),
+        no attention (this engine has no attention pass: with_attention is taken for the
+        interface), the model's log p(ids) (n,)."""
+        settings, n = settings or self.settings, n or self.nbest
+        results = [None] * len(sources)
+        for minimum, rows in min_length_groups(sources, settings).items():
+            batch = [sources[i] for i in rows]
+            found = self.translate(batch, settings, n, minimum,
+                                   None if prefixes is None else [prefixes[i] for i in rows])
+            for i, translation in zip(rows, found):
+                results[i] = translation
         return results
+
+    def translate(self, sources, settings, n, min_length, prefixes):
+        """run for sources of one minimum length (tokens before </s>)."""
+        max_steps = self.max_steps(sources, settings)
+        if prefixes is not None:  # room for the prefix and </s>, as in decoding._encode
+            max_steps = max([max_steps] + [len(ids) + 1 for ids in prefixes])
+        found = self.engine.translate_batch(
+            [self.pieces(ids) for ids in sources],
+            None if prefixes is None else [self.pieces(ids) or None for ids in prefixes],
+            max_input_length=0, max_decoding_length=max_steps - 1,
+            min_decoding_length=min(min_length, max_steps - 1),
+            suppress_sequences=[["<pad>"], ["<s>"]], return_end_token=True, return_scores=True,
+            **engine_options(settings, n, max_steps))
+        hypotheses = [[self.ids(tokens) for tokens in result.hypotheses] for result in found]
+        if settings.beam_size > 1:
+            prefix_log_probs = self.prefix_log_probs(sources, prefixes, settings.alpha)
+            hypotheses = [best_finished(ids, result.scores, prefix, settings.alpha, n)
+                          for ids, result, prefix in zip(hypotheses, found, prefix_log_probs)]
+        log_probs = self.log_probs(sources, hypotheses)
+        return [self.ranked(ids, lp, settings.alpha, n) for ids, lp in zip(hypotheses, log_probs)]
+
+    def prefix_log_probs(self, sources, prefixes, alpha):
+        """Per source the model's log p of its prefix (CTranslate2's scores leave it out), which
+        ranks a beam's hypotheses when alpha is not 0; 0.0 when no prefix or alpha 0."""
+        if prefixes is None or not alpha:
+            return [0.0] * len(sources)
+        rows = [i for i, ids in enumerate(prefixes) if ids]
+        values = [0.0] * len(sources)
+        scored = self.engine.score_batch([self.pieces(sources[i]) for i in rows],
+                                         [self.pieces(prefixes[i]) for i in rows],
+                                         max_input_length=0) if rows else []
+        for i, result in zip(rows, scored):  # the last log-probability is of </s>
+            values[i] = float(np.sum(result.log_probs[:-1]))
+        return values
+
+    def ids(self, tokens):
+        """The ids of a hypothesis' pieces, ending in </s> (added when the search hit its limit)."""
+        ids = [self.sp.piece_to_id(p) for p in tokens]
+        return ids if ids and ids[-1] == self.eos_id else ids + [self.eos_id]
+
+    def log_probs(self, sources, hypotheses):
+        """The model's log p(ids | source) of each hypothesis, </s> included: per source a list.
+        sources: N id lists; hypotheses: per source a list of id lists ending in </s>."""
+        pairs = [(source, ids) for source, found in zip(sources, hypotheses) for ids in found]
+        scored = self.engine.score_batch([self.pieces(source) for source, _ in pairs],
+                                         [self.pieces(ids[:-1]) for _, ids in pairs],
+                                         max_input_length=0)
+        flat = iter(float(np.sum(result.log_probs)) for result in scored)
+        return [[next(flat) for _ in found] for found in hypotheses]
+
+    def ranked(self, hypotheses, log_probs, alpha, n):
+        """The n best of one source's hypotheses as a decoding.Translation, ranked by
+        log p / length_penalty (tokens with </s>) as decoding.search ranks them."""
+        from data_load import pad
+        lengths = np.array([len(ids) for ids in hypotheses], np.float32)
+        log_probs = np.array(log_probs, np.float32)
+        scores = log_probs / np.power((5.0 + lengths) / 6.0, alpha)
+        order = np.argsort(-scores, kind="stable")[:n]
+        return Translation(pad([hypotheses[i] for i in order])[0], scores[order], None,
+                           log_probs[order])
 
     def close(self):
         """Frees the model's memory."""
         del self.engine
+
+
+def engine_options(settings, n, max_steps):
+    """The arguments of CTranslate2's translate_batch for the search of settings (a
+    decoding.DecodingSettings) but the lengths, n translations per source: sampling, n-gram
+    blocking, the repetition penalty (CTranslate2's own definition, decoding.penalize_repetitions),
+    and a beam search that keeps every finished hypothesis, for run to rank by our own length
+    penalty (best_finished).
+
+    Our beam search stops once no live hypothesis can beat the best finished one by the time it
+    reaches the limit; CTranslate2's once it has found beam_size * patience hypotheses, ranked by
+    log p / length ^ length_penalty. Under alpha 0 both rank by log p and stop when no live
+    hypothesis can beat the best finished one (CTranslate2's early exit, its length penalty 0),
+    so its beam_size hypotheses hold our best; otherwise its patience is max_steps, so that it
+    keeps every hypothesis that finishes before the limit (at most beam_size a step), and ours
+    are among them."""
+    options = {"beam_size": settings.beam_size, "length_penalty": 0.0, "num_hypotheses": n,
+               "no_repeat_ngram_size": settings.no_repeat_ngram_size,
+               "repetition_penalty": settings.repetition_penalty}
+    if settings.beam_size > 1:
+        patience = 1 if settings.alpha == 0 else max_steps
+        options.update(patience=patience, num_hypotheses=settings.beam_size * patience)
+    if settings.samples():
+        # our sampling_topk 1 means no top-k (CTranslate2's 1 is greedy decoding), 0 the whole
+        # vocabulary as in CTranslate2
+        options.update(sampling_topk=settings.sampling_topk if settings.sampling_topk > 1 else 0,
+                       sampling_topp=settings.sampling_topp,
+                       sampling_temperature=settings.sampling_temperature)
+    return options
+
+
+def best_finished(hypotheses, scores, prefix_log_prob, alpha, n):
+    """The n best of a beam's finished hypotheses (id lists ending in </s>) by (log p + the
+    prefix's log p) / length_penalty (decoding.length_penalty, </s> counted). scores: CTranslate2's
+    under its length penalty 0, the sum of the log-probabilities its search chose from (its prefix
+    left out)."""
+    lengths = np.array([len(ids) for ids in hypotheses], np.float32)
+    ranking = (np.array(scores, np.float32) + prefix_log_prob) / np.power((5.0 + lengths) / 6.0,
+                                                                          alpha)
+    return [hypotheses[i] for i in np.argsort(-ranking, kind="stable")[:n]]
+
+
+def min_length_groups(sources, settings):
+    """{minimum: the rows of sources with it}: each sentence's minimum number of tokens before </s>,
+    decoding.min_decoding_lengths in numpy. sources: id lists ending in </s>."""
+    groups = {}
+    for i, ids in enumerate(sources):
+        minimum = int(np.ceil(np.float32(settings.min_len_a) * np.float32(len(ids) - 1)
+                              + np.float32(settings.min_len_b)))
+        groups.setdefault(minimum, []).append(i)
+    return groups
