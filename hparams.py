@@ -180,6 +180,30 @@ class Hparams:
                                 "from step 0; the data dir must have its vocabulary (prepro.py "
                                 "--bpe_model) and model-shape flags not given "
                                 "default to its hparams.json")
+        group.add_argument("--suggestions", default="", metavar="DB",
+                           help="with --init_from RUN: fine-tune on what users corrected, the "
+                                "suggestions (not rejected) in this SQLite database of serve.py's "
+                                "for RUN's direction: a data dir is built in "
+                                "LOGDIR/corrections_data (train: the suggestions not held out and "
+                                "--replay_ratio's pairs of RUN's training split; dev: RUN's dev "
+                                "split; test: the held-out suggestions), and after training the "
+                                "dev and held-out BLEU of RUN's checkpoint and of the last one are "
+                                "compared: the logdir is kept if the held-out BLEU rises and dev "
+                                "falls by at most --max_dev_drop, else marked rejected "
+                                "(LOGDIR/REJECTED.json, which the tools refuse) with exit code 3 "
+                                "(docs/corrections.md)")
+        group.add_argument("--suggestions_heldout", type=float, default=0.2, metavar="F",
+                           help="with --suggestions: the fraction of the suggestion pairs held "
+                                "out (chosen under --seed; the pairs of one source text stay "
+                                "together) to judge the fine-tune by; at least one pair is held "
+                                "out and one trained on")
+        group.add_argument("--replay_ratio", type=float, default=4.0, metavar="R",
+                           help="with --suggestions: pairs of RUN's training split (sampled under "
+                                "--seed) trained on per suggestion pair, so that the model does "
+                                "not forget what it knew; 0: none")
+        group.add_argument("--max_dev_drop", type=float, default=0.5, metavar="B",
+                           help="with --suggestions: the most dev BLEU may fall from RUN's "
+                                "checkpoint to the fine-tuned one for the fine-tune to be kept")
         group.add_argument("--config", default="", metavar="FILE",
                            help="take flags from a JSON file: another run's hparams.json or an "
                                 "object of flag values; flags on the command line override it, and "
@@ -306,7 +330,7 @@ class _NotGiven:
 #: The flags of the tools that name a file or directory to read or write: given, they may not be
 #: empty ("" would be the working directory to some calls, no path to others).
 PATH_FLAGS = ("logdir", "data_dir", "testdir", "config", "input", "output", "score",
-              "plot_attention", "model")
+              "plot_attention", "model", "suggestions")
 
 
 def parse_flags(parser, argv, intermixed=False):
@@ -371,6 +395,9 @@ RANGES = {
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),
     "smoothing": in_range(0, 1, "at least 0 and below 1"), "keep_checkpoints": at_least(1),
     "patience": at_least(0), "eval_every": at_least(0), "summary_every": at_least(1),
+    "suggestions_heldout": (lambda value: 0 < value < 1, "above 0 and below 1"),
+    "replay_ratio": (lambda value: 0 <= value <= 10 ** 4, "from 0 to 10000"),
+    "max_dev_drop": (lambda value: 0 <= value <= 100, "from 0 to 100 (BLEU points)"),
     # a session's thread pools: far beyond any machine's cores, and TensorFlow's int32 limit
     "threads": in_range(0, 4097, "from 0 (every core) to 4096"),
     "beam_size": at_least(1), "alpha": at_least(0),

@@ -8,6 +8,13 @@ at the same global step, epoch and position in the epoch. Ctrl-C or SIGTERM save
 (once per step; a dev decode is abandoned) and exits 130 / 143; a non-finite loss, weights or dev
 decoding scores stop training without saving over the last good checkpoint, and so does a full disk.
 One train.py at a time trains a logdir (LOGDIR/train.lock).
+
+    python train.py --init_from RUN --suggestions DB --logdir NEW [flags]
+
+fine-tunes RUN on the corrections users suggested (toolkit/training/corrections.py): a data dir is
+built in NEW first, and after training NEW is kept only if it translates the held-out suggestions
+better than RUN without losing more than --max_dev_drop dev BLEU; otherwise it is marked rejected
+and train.py exits 3 (docs/corrections.md).
 """
 import os
 import time
@@ -27,7 +34,8 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from hparams import Hparams, check_ranges, parse_flags, resolved
-from toolkit.training import distributed
+from toolkit.serving.suggestions import Store
+from toolkit.training import corrections, distributed
 from toolkit.training.stopping import Budget
 from toolkit.data.datadir import (MANIFEST_NAME, bpe_model_path, check_vocab, fingerprint,
                                   load_manifest, split_paths)
@@ -58,27 +66,32 @@ def resolve_hparams(argv):
 
     The model's shape can not change on resume, nor its vocabulary: vocab_size, vocab_sha256 and
     bpe_sha256 come from the data dir. A new run with --init_from takes the model-shape flags it is
-    not given from the source run (init_model_flags). Every flag's range is checked before
+    not given from the source run (init_model_flags); with --suggestions, its data dir is built
+    first, in the new logdir (corrections.prepare). Every flag's range is checked before
     anything is built.
     """
     parser = Hparams(prog="train.py").parser
     hp, given = parse_flags(parser, argv)
     if hp.config:
         given = with_config(given, hp.config)
-    trained_on = source = None
-    if os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME)):
+    trained_on = source = base_ckpt = None
+    resumed = os.path.exists(os.path.join(hp.logdir, HPARAMS_NAME))
+    if resumed:
         check_resume_init(hp.logdir, given)
         read_best(hp.logdir)  # a damaged best.json is refused before anything is written
         hp, trained_on = load_trained_hparams(hp.logdir, given), trained_data_dir(hp.logdir)
     else:
         check_hparams_present(hp.logdir)
         if given.get("init_from"):
-            source, _ = init_source(given["init_from"])
+            source, base_ckpt = init_source(given["init_from"])
             given = {**init_model_flags(given, source), **given}
         # the defaults of the flags not given
         hp = parser.parse_args([], namespace=Namespace(**given))
     check_ranges(hp)
     check_patience(hp)
+    corrections.check_flags(given, hp.distribute, hp.logdir if resumed else None)
+    if hp.suggestions and not resumed:  # a new fine-tune on suggestions: its data dir first
+        hp.data_dir = corrections.prepare(hp, source, base_ckpt, Store)
     manifest = load_manifest(hp.data_dir, trained_on, hp.logdir, ("train", "eval"))
     if trained_on:
         check_vocab(hp, manifest, trained_on)
@@ -195,7 +208,8 @@ def main(argv=None):
     check_not_owned(logdir, "logdir", {MANIFEST_NAME: "a data dir written by prepro.py"})
     with contextlib.ExitStack() as lock:
         # first: its hparams.json may be another run's, being written
-        if chief and os.path.isdir(logdir):
+        locked = chief and os.path.isdir(logdir)
+        if locked:
             lock.enter_context(logdir_lock(logdir))
         hp, manifest = resolve_hparams(argv)
         cluster = distributed.make_cluster(hp, machine.session_config(hp))
@@ -203,12 +217,15 @@ def main(argv=None):
         check_splits(g, hp)
         init_ckpt = init_checkpoint(hp)
         # a new logdir: created once the flags, the data and --init_from's weights are
-        # known to be good
-        if chief and not os.path.isdir(logdir):
+        # known to be good (--suggestions builds its data dir in it before)
+        if chief and not locked:
             os.makedirs(logdir, exist_ok=True)
             lock.enter_context(logdir_lock(logdir))
         os.makedirs(hp.logdir, exist_ok=True)
-        return train(hp, manifest, cluster, g, init_ckpt)
+        code = train(hp, manifest, cluster, g, init_ckpt)
+        if code or not hp.suggestions or not cluster.is_chief:
+            return code
+        return corrections.judge(hp)
 
 
 def train(hp, manifest, cluster, g, init_ckpt=None):

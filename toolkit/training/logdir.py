@@ -10,6 +10,8 @@ lists them).
                             BLEU and
                          the dev evaluations without gain since (--patience)
     events.out.tfevents.*  the summaries TensorBoard reads
+    REJECTED.json        not to be used, and why: a fine-tune on suggestions not judged yet, or
+                         rejected (train.py --suggestions); the tools that decode refuse the logdir
 
 train.py writes a logdir (avg_checkpoints.py adds to it); test.py, translate.py and export.py read
 it and take no lock, pinning the checkpoint they read while training may rotate it away. What a
@@ -37,7 +39,7 @@ from hparams import (HPARAMS_NAME, LEGACY_VALUES, MODEL_FLAGS, RECORDED_TYPES, H
                      check_ranges, range_error, type_error)
 from model import SCHEDULE_TOTAL_STEPS
 from toolkit.base.writing import exclusive_lock, process_description
-from toolkit.base.writing import atomic_write
+from toolkit.base.writing import atomic_write, write_json
 from toolkit.base.writing import remove_stale
 from toolkit.base.reading import check_types, read_json
 
@@ -171,7 +173,41 @@ def trained_model_files(hp, ckpt="", splits=()):
     datadir.check_vocab(hp, manifest, trained_on)
     ckpt = find_checkpoint(hp.logdir, ckpt)
     check_trained(ckpt, hp.logdir)
+    check_not_rejected(hp.logdir)
     return manifest, ckpt
+
+
+#: The file that marks a logdir not to be used, and why: train.py --suggestions writes it before it
+#: trains (not judged yet) and leaves it when its gate rejects the fine-tune (corrections.py).
+REJECTED_NAME = "REJECTED.json"
+
+
+def mark_rejected(logdir, reason, remedy, **details):
+    """Marks logdir rejected (REJECTED_NAME): the reason, what to do, and details for people."""
+    write_json(os.path.join(logdir, REJECTED_NAME), {"reason": reason, "remedy": remedy,
+                                                     **details})
+
+
+def clear_rejected(logdir):
+    """Removes the mark of mark_rejected, if any."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(logdir, REJECTED_NAME))
+
+
+def check_not_rejected(logdir):
+    """Refuses a logdir marked rejected (REJECTED_NAME), with its reason and what to do: the tools
+    that translate with a model never serve one by mistake."""
+    path = os.path.join(logdir, REJECTED_NAME)
+    if not os.path.lexists(path):
+        return
+    try:
+        record = read_json(path, "")
+    except UserError:
+        record = None
+    record = record if isinstance(record, dict) else {}
+    raise UserError("%s is marked rejected (%s): %s; %s" % (
+        logdir, path, record.get("reason", "no reason recorded"),
+        record.get("remedy", "delete %s to use it anyway" % path)))
 
 
 def check_trained(ckpt, logdir):
