@@ -1,5 +1,7 @@
-"""ctranslate2_engine.py: our weights converted to CTranslate2 decode as our own decoder does (post- and pre-norm,
-several blocks and heads), and int8 export shrinks the model. Skipped when ctranslate2 is not installed."""
+"""ctranslate2_engine.py: our weights converted to CTranslate2 decode as our own decoder does
+(post- and pre-norm, several blocks and heads), int8 export shrinks the model, and the engine
+translates as the TensorFlow one does under each decoding option, or where it cannot, as close as
+CTranslate2 allows. Skipped when ctranslate2 is not installed."""
 import dataclasses
 import os
 
@@ -34,7 +36,8 @@ def test_converted_model_decodes_like_our_cached_greedy(norm_type, tmp_path):
     hp = small_hp(num_blocks=2, norm_type=norm_type)
     with tf.Graph().as_default():
         model, ph = build(hp)
-        ids_op, _ = translate(model, ph.xs, DecodingSettings(alpha=0.6, max_len_a=0.0, max_len_b=STEPS))
+        ids_op, _ = translate(model, ph.xs,
+                              DecodingSettings(alpha=0.6, max_len_a=0.0, max_len_b=STEPS))
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             variables = tf1.global_variables()
@@ -49,10 +52,13 @@ def test_converted_model_decodes_like_our_cached_greedy(norm_type, tmp_path):
     translator = ctranslate2.Translator(str(tmp_path), device="cpu", compute_type="float32")
     sources = [[pieces(hp.vocab_size)[i] for i in row if i] for row in x]
     results = translator.translate_batch(sources, beam_size=1, max_decoding_length=STEPS - 1,
-                                         suppress_sequences=[["<pad>"], ["<s>"]], return_end_token=True)
+                                         suppress_sequences=[["<pad>"], ["<s>"]],
+                                         return_end_token=True)
     theirs = [[pieces(hp.vocab_size).index(p) for p in r.hypotheses[0]] for r in results]
-    theirs = [ids if ids[-1] == 3 else ids + [3] for ids in theirs]  # at the limit ours gives </s>
-    assert len({tuple(ids) for ids in ours}) >= 4, ours  # a comparison that can tell sentences apart
+    # at the limit ours gives </s>
+    theirs = [ids if ids[-1] == 3 else ids + [3] for ids in theirs]
+    # a comparison that can tell sentences apart
+    assert len({tuple(ids) for ids in ours}) >= 4, ours
     assert theirs == ours
 
 
@@ -77,7 +83,7 @@ def test_int8_export_shrinks_the_model(tmp_path):
     assert sizes["int8"] < 0.5 * sizes["float32"], sizes
 
 
-# ---------------------------------------------------------------- the options, engine against engine
+# ------------------------------------------------------------ the options, engine against engine
 #: Sources of the tiny model's language (numbers in German), of several lengths.
 SENTENCES = ["Er zählt bis elf.", "dreihundertzehn", "zweiundvierzig und sieben",
              "Sie hat neunzehn Bücher.", "vier", "siebenhundert und drei und achtzig Häuser",
@@ -89,9 +95,9 @@ STEPS_EACH = 40
 
 @pytest.fixture(scope="module")
 def engines(tiny_model, tmp_path_factory):
-    """(decode, engine, sources) of the session's tiny trained model: decode(settings, prefixes=None)
-    runs its TensorFlow Translator (ids (N, n, T), scores (N, n), log p (N, n)); engine is a
-    CTranslate2Translator of its export (float32); sources: SENTENCES' ids."""
+    """(decode, engine, sources) of the session's tiny trained model: decode(settings,
+    prefixes=None) runs its TensorFlow Translator (ids (N, n, T), scores (N, n), log p (N, n));
+    engine is a CTranslate2Translator of its export (float32); sources: SENTENCES' ids."""
     import export
     logdir, _ = tiny_model
     model_dir = str(tmp_path_factory.mktemp("ct2") / "model")

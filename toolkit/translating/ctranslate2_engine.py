@@ -160,9 +160,9 @@ def write_model(weights, hp, bpe_model, model_dir, quantization="float32", setti
                {**(settings or {}), "bpe_sha256": sha256_file(bpe_model)})
 
 
-#: The decoding flags a CTranslate2 model directory takes on top of its settings: the search's,
-#: and the options of hparams.DECODING_OPTIONS with --seed but --ensemble (one model per
-#: directory).
+#: The decoding flags a CTranslate2 model directory takes on top of its settings: the
+#: search's, --seed, and the options of hparams.DECODING_OPTIONS but --ensemble (a model
+#: directory holds one model).
 DECODING_FLAGS = ("beam_size", "alpha", "max_len_a", "max_len_b", "seed") + tuple(
     flag for flag in DECODING_OPTIONS if flag != "ensemble")
 
@@ -255,8 +255,15 @@ class CTranslate2Translator:
     once some are banned, and divide by length ^ alpha instead of decoding.length_penalty. So the
     model's log p(ids) (</s> included) is taken from a scoring pass over the translations
     (score_batch: one teacher-forced decoder pass, much cheaper than the step-by-step search), and
-    the scores are log p / length_penalty(tokens with </s>, alpha) as in decoding.search; a beam's
-    finished hypotheses are ranked by them.
+    the scores are log p / length_penalty(tokens with </s>, alpha) as in decoding.search (but
+    under repetition_penalty, whose scores there are of the penalized log-probabilities).
+
+    What comes out as ours does (tests/test_ctranslate2.py), on a batch of one limit: greedy
+    decoding under every option but sampling (its generator is CTranslate2's own); beam search
+    with a prefix or sampling_topk 1, the best translation, its finished hypotheses ranked by our
+    length penalty (engine_options, best_finished). Beam search under a minimum length or n-gram
+    blocking may not: CTranslate2 bans tokens before its log-softmax, so the tokens left of a
+    hypothesis share the banned ones' probability and hypotheses rank otherwise across a beam.
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
