@@ -101,6 +101,10 @@ def test_a_fine_tune_that_costs_too_much_dev_bleu_is_rejected_and_refused(tiny_m
     code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", new, "Die Zahl ist drei.")
     assert code == 2 and out == "" and "Traceback" not in err
     assert err.strip().count("\n") == 0 and "is marked rejected" in err and "dev BLEU dropped by" in err
+    code, out, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", run, "--ensemble", new,
+                                    "Die Zahl ist drei.")  # nor as a member of an ensemble
+    assert code == 2 and out == "" and err.strip().count("\n") == 0 and "--ensemble %s: " % new in err
+    assert "is marked rejected" in err
 
 
 def test_suggestions_need_a_run_to_fine_tune(tmp_path, capsys):

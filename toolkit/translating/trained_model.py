@@ -28,8 +28,8 @@ from toolkit.base.errors import UserError
 from toolkit.base.writing import same_file
 from toolkit.data.datadir import bpe_model_path, fingerprint
 from fast import build_transformer
-from toolkit.training.logdir import (check_trained, find_checkpoint, load_trained_hparams, restore,
-                                     trained_model_files)
+from toolkit.training.logdir import (check_not_rejected, check_trained, find_checkpoint,
+                                     load_trained_hparams, restore, trained_model_files)
 
 tf1 = tf.compat.v1
 
@@ -107,6 +107,7 @@ def ensemble_member(given, scope, hp, vocabulary):
     try:
         if not os.path.isdir(logdir):
             raise UserError("no such logdir or checkpoint")
+        check_not_rejected(logdir)
         member_hp = load_trained_hparams(logdir, {"impl": hp.impl, "precision": hp.precision,
                                                   "kernels": hp.kernels})
         check_member_vocab(member_hp, hp, vocabulary)
