@@ -14,7 +14,13 @@ Endpoints (docs/serving.md has every field and error):
                      (q one string) adds "nbest" [{text, score}] and "attention"
                      [{source, target, weights}], the best translation's cross-attention of the
                      last decoder block averaged over heads, (target pieces, source pieces), one
-                     per model input.
+                     per model input; the decoding options min_len_a, min_len_b,
+                     sampling_topk, sampling_topp, sampling_temperature, no_repeat_ngram_size,
+                     repetition_penalty and min_confidence (the flags' names and ranges; the
+                     flags give the defaults), and prefix (a string, or one per q item) that
+                     the translation starts with. Answers translatedText and its confidence
+                     (the geometric mean of its tokens' probabilities); below min_confidence
+                     translatedText is "".
     POST /detect     the languages langdetect finds in q, most likely first
     POST /translate_file  a .txt or .html file (multipart: file, source, target, api_key): answers
                      translatedFileUrl, its translation at GET /download_file/KEY
@@ -139,12 +145,15 @@ async def translate_handler(request):
     alternatives = nonnegative_int(fields, "alternatives", service.most_alternatives,
                                    "--max_alternatives, or --beam_size - 1")
     attention = service.wants_attention(fields)
+    settings, n = service.decoding_of(fields, alternatives)
+    min_confidence, prefixes = service.min_confidence(fields), service.prefixes(fields, items)
     detections = await service.off_loop(service.detect_source, items) \
         if fields.get("source") == "auto" else None
     entries, maps, request["sentences"] = await service.translate_texts(
-        items, fmt, attention, service.beam_for(alternatives))
+        items, fmt, attention, settings, n, prefixes)
     return web.json_response(translation_body(fields, entries, alternatives,
-                                              maps if attention else None, detections))
+                                              maps if attention else None, detections,
+                                              min_confidence))
 
 
 async def translate_file_handler(request):

@@ -9,6 +9,13 @@ line per source line, in order; an empty source line gets an empty hypothesis) a
 TESTDIR/results.json. With --src/--ref, the source files are raw text translated as translate.py
 --input translates them, and TESTDIR/hypotheses.N.txt (N counting the pairs from 1) and
 TESTDIR/files.json are written instead, with one line per pair printed.
+
+--min_confidence C: a hypothesis whose confidence (the geometric mean of its tokens' probabilities)
+is below C is an empty line, with a note on stderr; results.json (files.json: per pair) records how
+many were dropped. --prefix_file FILE: one target prefix per line of the test split's source,
+cleaned and segmented as target text, which the line's translation (its first part, when it is
+split) starts with; an empty line leaves its line free. With either, the test split's source text
+is translated as translate.py --no_split --input translates it.
 """
 import os
 
@@ -25,7 +32,7 @@ from toolkit.data.datadir import split_paths
 from toolkit.base.errors import UserError
 from toolkit.base.cli import run_cli
 from toolkit.base.writing import atomic_write, check_output_dir, check_writable_dir
-from toolkit.translating.sentences import best_translations, read_pair
+from toolkit.translating.sentences import best_translations, prefix_ids, read_input, read_pair
 from toolkit.base.reading import read_lines
 from toolkit.translating.trained_model import TrainedModel, read_dirs, trained_hparams
 from toolkit.translating.translator import Translator
@@ -45,13 +52,22 @@ def parse_args(argv):
                             "test split, each against the --ref file in the same position")
     group.add_argument("--ref", nargs="+", default=[], metavar="FILE",
                        help="the reference translation of each --src file, line by line")
+    group.add_argument("--prefix_file", default="", metavar="FILE",
+                       help="one target prefix per line of the test split's source, which the "
+                            "line's translation starts with (an empty line: none)")
     args, given = parse_flags(parser, argv)
+    given.pop("prefix_file", None)
     hp = trained_hparams(args.logdir, given, src=args.src, ref=args.ref,
-                         testdir=args.testdir or os.path.join(args.logdir, "test"))
+                         testdir=args.testdir or os.path.join(args.logdir, "test"),
+                         prefix_file=args.prefix_file, min_confidence=args.min_confidence)
+    if hp.prefix_file and (hp.src or hp.ref):
+        raise UserError("--prefix_file %s holds a prefix per line of the test split: leave out "
+                        "--src and --ref" % hp.prefix_file)
     # before the decode, which a bad --testdir would waste
     check_writable_dir(hp.testdir, "testdir")
     written = {os.path.basename(path) for path in output_paths(hp)}
-    check_output_dir(hp.testdir, "testdir", {"src": hp.src, "ref": hp.ref}, read_dirs(hp),
+    check_output_dir(hp.testdir, "testdir", {"src": hp.src, "ref": hp.ref,
+                                             "prefix_file": hp.prefix_file}, read_dirs(hp),
                      written.__contains__)
     return hp
 
@@ -70,8 +86,32 @@ def main(argv=None):
     if hp.src or hp.ref:
         return score_files(hp)
     trained = TrainedModel(hp, hp.ckpt, ("test",))
-    manifest = trained.manifest
-    files = split_paths(hp.data_dir, manifest, "test")
+    files = split_paths(hp.data_dir, trained.manifest, "test")
+    start = time.time()
+    if hp.prefix_file or hp.min_confidence:
+        hypotheses, dropped, num_sentences = translate_source(trained, files["raw1"])
+    else:
+        (hypotheses, num_sentences), dropped = translate_split(trained), 0
+    seconds = time.time() - start
+    ckpt = trained.ckpt
+    bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
+
+    atomic_write(os.path.join(hp.testdir, "hypotheses.txt"), "".join(h + "\n" for h in hypotheses))
+    results = {"bleu": round(bleu, 2), "signature": signature, "sentences": num_sentences,
+               "checkpoint": ckpt, "beam_size": hp.beam_size, "alpha": hp.alpha,
+               "seconds": round(seconds, 2), "min_confidence": hp.min_confidence,
+               "dropped_below_min_confidence": dropped}
+    atomic_write(os.path.join(hp.testdir, "results.json"), json.dumps(results, indent=2) + "\n")
+    print("BLEU = %.2f  %s  (%d sentences, %s, beam %d, %.1f s) -> %s"
+          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds,
+             hp.testdir))
+    return 0
+
+
+def translate_split(trained):
+    """The test split's hypotheses through the data pipeline (its ids, in batches of
+    --test_batch_size), in line order, and its number of sentences."""
+    hp, manifest = trained.hp, trained.manifest
     batches, num_batches, num_sentences, _ = get_batch(hp.data_dir, manifest, "test", None, None,
                                                        hp.test_batch_size)
     if not num_sentences:
@@ -82,27 +122,45 @@ def main(argv=None):
     ids, scores = trained.translation(xs)
     sp = trained.sentencepiece()
     with trained.session() as sess:
-        ckpt = trained.ckpt
-        start = time.time()
         try:
             hypotheses, _ = get_hypotheses(sess, iterator.initializer, ids, xs.x_seqlen,
                                            num_batches(), eval_order(hp.data_dir, manifest, "test"),
                                            sp, "test", scores)
         except FloatingPointError as error:
             raise UserError("%s with %s: its weights diverged; test an "
-                            "earlier checkpoint with --ckpt" % (error, ckpt)) from None
-        seconds = time.time() - start
-    bleu, signature = calc_bleu(read_lines(files["raw2"]), hypotheses)
+                            "earlier checkpoint with --ckpt" % (error, trained.ckpt)) from None
+    return hypotheses, num_sentences
 
-    atomic_write(os.path.join(hp.testdir, "hypotheses.txt"), "".join(h + "\n" for h in hypotheses))
-    results = {"bleu": round(bleu, 2), "signature": signature, "sentences": num_sentences,
-               "checkpoint": ckpt, "beam_size": hp.beam_size, "alpha": hp.alpha,
-               "seconds": round(seconds, 2)}
-    atomic_write(os.path.join(hp.testdir, "results.json"), json.dumps(results, indent=2) + "\n")
-    print("BLEU = %.2f  %s  (%d sentences, %s, beam %d, %.1f s) -> %s"
-          % (bleu, signature, num_sentences, os.path.basename(ckpt), hp.beam_size, seconds,
-             hp.testdir))
-    return 0
+
+def translate_source(trained, source):
+    """The hypotheses of the test split's source text (translate.py's way, each line whole, under
+    --min_confidence and --prefix_file), how many were dropped below --min_confidence, and the
+    number of sentences."""
+    hp, lines = trained.hp, read_lines(source)
+    if not lines:
+        raise UserError("the test split of %s is empty: nothing to translate; rebuild it with "
+                        "prepro.py and a test set" % hp.data_dir)
+    sp, translator = trained.sentencepiece(), Translator(trained)
+    try:
+        prefixes = read_prefixes(hp.prefix_file, lines, source, sp)
+        hypotheses, dropped = best_translations(translator, lines, sp, hp.maxlen1 - 1,
+                                                "test line", hp.min_confidence, prefixes)
+    finally:
+        translator.close()
+    return hypotheses, dropped, len(lines)
+
+
+def read_prefixes(prefix_file, lines, source, sp):
+    """Per line of the test source, the target prefix of --prefix_file (ids, [] for none); None
+    without one. A different line count is a UserError naming both files."""
+    if not prefix_file:
+        return None
+    texts = read_input(prefix_file, "prefix_file")
+    if len(texts) != len(lines):
+        raise UserError("--prefix_file %s has %d lines but the test source %s has %d: give one "
+                        "prefix line (empty for none) per source line"
+                        % (prefix_file, len(texts), source, len(lines)))
+    return [prefix_ids(text, sp) for text in texts]
 
 
 def score_files(hp):
@@ -121,14 +179,14 @@ def score_files(hp):
     try:
         for number, (source, reference, (sources, references)) in enumerate(
                 zip(hp.src, hp.ref, pairs), 1):
-            hypotheses = best_translations(translator, sources, sp, hp.maxlen1 - 1, "%s line"
-                                           % source)
+            hypotheses, dropped = best_translations(translator, sources, sp, hp.maxlen1 - 1,
+                                                    "%s line" % source, hp.min_confidence)
             atomic_write(os.path.join(hp.testdir, "hypotheses.%d.txt" % number),
                          "".join(h + "\n" for h in hypotheses))
             bleu, signature = calc_bleu(references, hypotheses)
             results.append({"src": source, "ref": reference, "bleu": round(bleu, 2),
                             "chrf": round(calc_chrf(references, hypotheses), 2),
-                            "sentences": len(sources)})
+                            "sentences": len(sources), "dropped_below_min_confidence": dropped})
             print("%s: BLEU = %.2f  chrF = %.2f  (%d sentences, %s, beam %d)" % (
                 source, bleu, results[-1]["chrf"], len(sources), os.path.basename(ckpt),
                 hp.beam_size), flush=True)

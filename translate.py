@@ -21,9 +21,12 @@ space) and segmented with the data dir's bpe.model. With --engine ctranslate2 th
 bpe.model and decoding settings come from --model DIR.
 
 Every input line gives exactly one output line (with --nbest N: up to N lines
-`LINE ||| TRANSLATION ||| SCORE`, LINE counted from 0, best first). A line of several sentences (a
-paragraph) is split into them by spaCy's rule-based sentencizer for the source language, each
-translated alone (a model trained on single sentences drops or merges sentences of a paragraph read
+`LINE ||| TRANSLATION ||| SCORE ||| CONFIDENCE`, LINE counted from 0, best first, SCORE and
+CONFIDENCE with 4 decimals; under sampling, N samples). CONFIDENCE is the geometric mean of the
+translation's tokens' probabilities under the model (</s> counted), exp(log p / tokens); for a line
+of several sentences or parts, exp(the sum of their log p / the sum of their tokens). A line of
+several sentences (a paragraph) is split into them by spaCy's rule-based sentencizer for the
+source language, each translated alone (a model trained on single sentences drops or merges sentences of a paragraph read
 whole), and their translations joined with the text that was between them; --no_split translates
 every line whole, and --score never splits. Notes go to standard error:
   - an empty line gives an empty translation;
@@ -35,6 +38,11 @@ every line whole, and --score never splits. Notes go to standard error:
   - a file given by --input with invalid UTF-8 is an error naming the line, before anything is
     translated; on standard input such a line gives an empty translation and a note, and
     translation goes on.
+--min_confidence C prints a translation whose confidence is below C as an empty line, with a note
+on standard error naming the line and its confidence; with --nbest, the entries below C are left
+out. --prefix_file FILE (with --input) holds one target prefix per line of --input, cleaned and
+segmented as target text: the translation of the line's first sentence (its first part, when it is
+split) starts with it; an empty line of FILE leaves its line free.
 --output FILE is written beside FILE and renamed into place when translation ends: an interrupted
 run leaves the old FILE (if any) as it was. A link is followed (its target replaced); a device,
 FIFO, /dev/stdout or /dev/fd/N is written directly; the --input file is never an output. --output
@@ -56,6 +64,7 @@ import sys
 from toolkit.base import runtime  # first: TensorFlow's environment defaults
 
 from data_load import run_in_length_batches
+from decoding import DecodingSettings
 from hparams import DECODING_FLAGS, Hparams, check_ranges, parse_flags
 from toolkit.data import datadir
 from toolkit.translating import ctranslate2_engine, documents
@@ -63,9 +72,9 @@ from toolkit.base.errors import UserError
 from toolkit.base.cli import run_cli
 from toolkit.base.ids import EOS_ID
 from toolkit.base.writing import atomic_file, check_not_an_input, check_writable_file
-from toolkit.translating.sentences import (output_lines, prepare, prepare_line, read_input,
-                                           read_pair, report, stdin_lines, translated_lines,
-                                           translation_entries)
+from toolkit.translating.sentences import (confidence_notes, output_lines, prefix_ids, prepare,
+                                           prepare_line, read_input, read_pair, report,
+                                           stdin_lines, translated_lines, translation_entries)
 from toolkit.translating.trained_model import (TrainedModel, decoding_flags, read_dirs,
                                                trained_hparams)
 from toolkit.translating.translator import Translator, ctranslate2_translator
@@ -87,8 +96,12 @@ def build_parser():
     group.add_argument("--output", default="", metavar="FILE",
                        help="write the translations to FILE instead of standard output")
     group.add_argument("--nbest", type=int, default=1, metavar="N",
-                       help="print the N best translations with their scores (needs --beam_size "
-                            "N or more)")
+                       help="print the N best translations with their scores and confidences "
+                            "(needs --beam_size N or more, or sampling: N samples)")
+    group.add_argument("--prefix_file", default="", metavar="FILE",
+                       help="with --input: one target prefix per line of --input, which the "
+                            "translation of the line's first sentence starts with (an empty "
+                            "line: none)")
     group.add_argument("--plot_attention", default="", metavar="DIR",
                        help="write attention heat maps (PNG) of every translated line and of the "
                             "positional encoding to DIR")
@@ -129,7 +142,7 @@ def parse_args(argv):
         raise UserError("standard output is closed: pass --output FILE, or let the translations go "
                         "to standard output")
     check_ranges(args, ("nbest",))
-    inputs = {"input": args.input, "score": args.score}
+    inputs = {"input": args.input, "score": args.score, "prefix_file": args.prefix_file}
     dirs = {"model directory": args.model} if args.engine == "ctranslate2" else read_dirs(hp)
     if args.output:
         check_writable_file(args.output, "output")
@@ -138,10 +151,13 @@ def parse_args(argv):
         # matplotlib, when plots are asked for
         from toolkit.translating.attention_plots import check_plot_dir
         check_plot_dir(args.plot_attention, "plot_attention", inputs, dirs)
-    if args.nbest > hp.beam_size:
-        raise UserError("--nbest %d needs --beam_size %d or more (now %d)"
+    if args.nbest > hp.beam_size and not DecodingSettings.from_flags(hp).samples():
+        raise UserError("--nbest %d needs --beam_size %d or more (now %d), or sampling"
                         % (args.nbest, args.nbest, hp.beam_size))
     check_score_flags(args)
+    if args.prefix_file and not args.input:
+        raise UserError("--prefix_file %s holds a prefix per line of --input: give --input FILE"
+                        % args.prefix_file)
     return hp, args
 
 
@@ -155,6 +171,7 @@ def check_score_flags(args):
                         % args.score)
     others = [flag for flag,
               given in (("--nbest", args.nbest > 1), ("--plot_attention", args.plot_attention),
+                        ("--prefix_file", args.prefix_file),
                                        ("--engine ctranslate2", args.engine == "ctranslate2"))
               if given]
     if others:
@@ -179,11 +196,25 @@ def attention_plots(directory, sp, d_model):
 
 
 # ---------------------------------------------------------------- modes
-def translate_all(translator, lines, sp, limit, split, args, plots, out, where):
+def translate_all(translator, lines, sp, limit, split, args, plots, out, where, prefixes=None):
     """Translates a list of lines in batches and writes one output line (or n-best block) per
-    line, in order."""
-    for number, line in enumerate(translated_lines(translator, lines, sp, limit, where, split), 1):
-        write_line(out, number, *line, args.nbest, plots)
+    line, in order. prefixes: None, or per line its target prefix (ids, [] for none)."""
+    for number, line in enumerate(translated_lines(translator, lines, sp, limit, where, split,
+                                                   prefixes), 1):
+        write_line(out, number, *line, args, plots, where)
+
+
+def read_prefixes(args, lines, sp):
+    """Per line of --input, the target prefix of --prefix_file (ids, [] for none); None without
+    --prefix_file. A different line count is a UserError naming both files."""
+    if not args.prefix_file:
+        return None
+    texts = read_input(args.prefix_file, "prefix_file")
+    if len(texts) != len(lines):
+        raise UserError("--prefix_file %s has %d lines but --input %s has %d: give one prefix "
+                        "line (empty for none) per input line"
+                        % (args.prefix_file, len(texts), args.input, len(lines)))
+    return [prefix_ids(text, sp) for text in texts]
 
 
 def score_all(translator, sources, references, sp, out):
@@ -214,13 +245,16 @@ def translate_stream(translator, sp, limit, split, args, plots, out):
         results = run_in_length_batches(translator.run, inputs,
                                         translator.batch_size) if inputs else []
         entries = translation_entries(document, segments, results, sp)
-        write_line(out, number, inputs, results, entries, args.nbest, plots)
+        write_line(out, number, inputs, results, entries, args, plots)
 
 
-def write_line(out, number, inputs, results, entries, nbest, plots):
-    """Writes the translation of input line `number` (its n-best entries) and flushes; draws the
-    attention of its model inputs with --plot_attention."""
-    out.write("".join(line + "\n" for line in output_lines(number, entries, nbest)))
+def write_line(out, number, inputs, results, entries, args, plots, where="line"):
+    """Writes the translation of input line `number` (its n-best entries above --min_confidence,
+    a note on one below it) and flushes; draws the attention of its model inputs with
+    --plot_attention."""
+    report(where, number, confidence_notes(entries, args.min_confidence))
+    out.write("".join(line + "\n" for line in output_lines(number, entries, args.nbest,
+                                                           args.min_confidence)))
     out.flush()
     if plots and inputs:
         plots.write(number, inputs, results)
@@ -256,7 +290,7 @@ def main(argv=None):
             score_all(translator, lines, references, sp, out)
         elif args.input or args.sentences:
             translate_all(translator, lines, sp, limit, split, args, plots, out,
-                          "line" if args.input else "sentence")
+                          "line" if args.input else "sentence", read_prefixes(args, lines, sp))
         else:
             translate_stream(translator, sp, limit, split, args, plots, out)
     return 0

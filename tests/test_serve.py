@@ -4,6 +4,7 @@ and the batching worker alone, the queue limit (429), SIGTERM finishing the work
 scripts/bench_serve.py's report."""
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -18,6 +19,7 @@ import pytest
 import sentencepiece as spm
 from libretranslatepy import LibreTranslateAPI
 
+import decoding
 import serve
 import translate
 from toolkit.translating import documents
@@ -98,7 +100,7 @@ def translate_py(directory, logdir, data_dir, sentences, *flags):
 def nbest_of(directory, tiny_model, *flags):
     """translate.py --nbest 4 of SENTENCE alone: [(text, score)], best first."""
     lines = translate_py(directory, *tiny_model, [SENTENCE], "--nbest", "4", *flags)
-    return [(text, float(score)) for _, text, score in (line.split(" ||| ") for line in lines)]
+    return [(text, float(score)) for _, text, score, _ in (line.split(" ||| ") for line in lines)]
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +278,7 @@ def test_alternatives_at_the_default_beam_widen_the_request_s_beam(default_beam_
     assert status == 200 and [answer["translatedText"], *answer["alternatives"]] == beam3
     greedy = translate_py(tmp_path, *tiny_model, [SENTENCE], "--beam_size", "1")
     assert post(default_beam_server, "translate", {"q": SENTENCE, "source": "de", "target": "en"},
-                key="")[1] == {"translatedText": greedy[0]}
+                key="")[1]["translatedText"] == greedy[0]
     status, answer = post(default_beam_server, "translate",
                           {"q": SENTENCE, "source": "de", "target": "en", "alternatives": 3}, key="")
     assert status == 400 and "--max_alternatives" in answer["error"]
@@ -600,6 +602,9 @@ def test_fuzz_two_thousand_malformed_requests_get_no_5xx_and_it_still_translates
     rng = random.Random(62)
     valid = [fields_json(), fields_json(format="html", q="<p>eins <b>zwei</b></p>"),
              fields_json(alternatives=2), fields_json(q=["eins", "zwei"], source="auto"),
+             fields_json(min_len_b=3, no_repeat_ngram_size=2, prefix="one", min_confidence=0.1),
+             b"q=eins&source=de&target=en&min_len_a=0.5&sampling_topp=1&api_key="
+             + urllib.parse.quote(KEY).encode(),
              b"q=eins&source=de&target=en&api_key=" + urllib.parse.quote(KEY).encode(),
              multipart_body(), multipart_body(part_headers=b"Content-Transfer-Encoding: base64\r\n",
                                               content=b"ZWlucw=="),
@@ -613,8 +618,8 @@ def test_fuzz_two_thousand_malformed_requests_get_no_5xx_and_it_still_translates
             with download(server, json.loads(body)["translatedFileUrl"]) as answer:
                 assert answer.status == 200
     assert sum(count for status, count in statuses.items() if status and status >= 400) > 1000
-    assert post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"})[1] == {
-        "translatedText": nbest[0][0]}
+    assert post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en"})[1][
+        "translatedText"] == nbest[0][0]
     assert "Traceback" not in server.stderr()
     assert all(line.isprintable() for line in server.stderr().splitlines())
 
@@ -637,7 +642,7 @@ def test_a_full_queue_is_429_and_sigterm_answers_the_request_in_flight(tiny_mode
         for thread in threads:
             thread.join()
         assert sorted(status for status, _ in answers) == [200] + [429] * 5
-        assert {"translatedText": nbest[0][0]} in [answer for _, answer in answers]
+        assert nbest[0][0] in [answer.get("translatedText") for _, answer in answers]
         assert "--queue_size" in [answer for status, answer in answers if status == 429][0]["error"]
 
         thread = threading.Thread(target=ask)
@@ -645,7 +650,7 @@ def test_a_full_queue_is_429_and_sigterm_answers_the_request_in_flight(tiny_mode
         time.sleep(1.5)  # in the worker's 3 s wait
         assert running.stop() == 0
         thread.join()
-        assert answers[-1] == (200, {"translatedText": nbest[0][0]})
+        assert (answers[-1][0], answers[-1][1]["translatedText"]) == (200, nbest[0][0])
         assert "stopped" in running.stderr()
 
 
@@ -664,6 +669,139 @@ def test_help_explains_every_flag_and_a_bad_logdir_is_one_line(tmp_path, capsys)
         assert code == 2 and err.count("\n") == 1 and "%s %s is out of range" % (flag, value) in err
 
 
+# ---------------------------------------------------------------- decoding options of a request
+def ask(server, key=KEY, **fields):
+    """(status, answer) of /translate of SENTENCE with fields on top."""
+    return post(server, "translate", {"q": SENTENCE, "source": "de", "target": "en", **fields}, key=key)
+
+
+def pieces(tiny_model, text):
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(tiny_model[1], "bpe.model"))
+    return sp.encode(text, out_type=str)
+
+
+def forced_log_prob(tmp_path, tiny_model, source, reference):
+    """translate.py --score's log p(reference + </s> | source)."""
+    src, ref = tmp_path / "score.src", tmp_path / "score.ref"
+    src.write_text(source + "\n", encoding="utf-8")
+    ref.write_text(reference + "\n", encoding="utf-8")
+    lines = translate_py(tmp_path, *tiny_model, [], "--input", str(src), "--score", str(ref))
+    return float(lines[0].split("\t")[0])
+
+
+def test_confidence_is_in_0_1_and_the_tf_engine_s_is_exp_of_log_p_over_tokens(server, tiny_model, tmp_path):
+    status, answer = ask(server)
+    assert status == 200 and 0 < answer["confidence"] <= 1
+    assert answer["confidence"] == round(answer["confidence"], 4)
+    status, listed = post(server, "translate", {"q": SENTENCES, "source": "de", "target": "en"})
+    assert status == 200 and len(listed["confidence"]) == len(SENTENCES)
+    assert all(0 < confidence <= 1 for confidence in listed["confidence"])
+    if server.engine == "tensorflow":
+        log_prob = forced_log_prob(tmp_path, tiny_model, SENTENCE, answer["translatedText"])
+        tokens = len(pieces(tiny_model, answer["translatedText"])) + 1  # with </s>
+        assert answer["confidence"] == pytest.approx(math.exp(log_prob / tokens), abs=2e-4)
+
+
+def test_min_confidence_empties_translated_text_and_still_reports_the_confidence(server):
+    plain = ask(server)[1]
+    status, answer = ask(server, min_confidence=1.0, alternatives=2)
+    assert status == 200 and answer["translatedText"] == "" and answer["confidence"] == plain["confidence"]
+    assert answer["alternatives"] == []
+    assert ask(server, min_confidence=plain["confidence"] / 2)[1]["translatedText"] == plain["translatedText"]
+
+
+def test_a_prefix_starts_the_translation_of_its_item(server):
+    other = ask(server, q="der neunte September")[1]["translatedText"]
+    free = ask(server)[1]["translatedText"]
+    prefix = " ".join(other.split()[:2])
+    status, answer = ask(server, prefix=prefix)
+    assert status == 200 and answer["translatedText"].startswith(prefix) and answer["translatedText"] != free
+    status, answer = ask(server, q=[SENTENCE, SENTENCE], prefix=[prefix, ""])
+    assert status == 200 and answer["translatedText"][0].startswith(prefix) and answer["translatedText"][1] == free
+
+
+def test_min_len_lengthens_and_no_repeat_ngram_size_blocks_repeats(server, tiny_model):
+    free = pieces(tiny_model, ask(server)[1]["translatedText"])
+    for fields in ({"min_len_b": len(free) + 6}, {"min_len_a": 3.0}):
+        status, answer = ask(server, **fields)
+        assert status == 200 and len(pieces(tiny_model, answer["translatedText"])) > len(free), fields
+    status, answer = ask(server, min_len_b=len(free) + 10, no_repeat_ngram_size=2)
+    output = pieces(tiny_model, answer["translatedText"])
+    bigrams = list(zip(output, output[1:]))
+    assert status == 200 and len(output) > len(free) and len(set(bigrams)) == len(bigrams)
+
+
+def test_repetition_penalty_changes_a_repetitive_output(server, tiny_model):
+    """Forced long, the output repeats pieces; a penalty of 100 on pieces already output repeats fewer."""
+    def repeats(fields):
+        status, answer = ask(server, min_len_b=30, **fields)
+        assert status == 200
+        output = pieces(tiny_model, answer["translatedText"])
+        return len(output) - len(set(output))
+    assert repeats({"repetition_penalty": 100}) < repeats({})
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"sampling_topp": 2}, "sampling_topp 2 is out of range: it must be above 0 and at most 1"),
+    ({"min_len_b": -1}, "min_len_b must be a whole number, not -1"),
+    ({"min_len_b": 1.5}, "min_len_b must be a whole number"),
+    ({"no_repeat_ngram_size": 17}, "no_repeat_ngram_size 17 is out of range: it must be from 0 (off) to 16"),
+    ({"repetition_penalty": "abc"}, "repetition_penalty must be a number, not 'abc'"),
+    ({"min_len_a": True}, "min_len_a must be a number"),
+    ({"sampling_temperature": float("inf")}, "sampling_temperature inf is out of range"),
+    ({"min_len_a": 10 ** 400}, "min_len_a "),
+    ({"min_confidence": 1.5}, "min_confidence 1.5 is out of range: it must be from 0 to 1"),
+    ({"min_confidence": [0.5]}, "min_confidence must be a number"),
+    ({"prefix": ["a", "b"]}, "prefix must be a string, or for a list q a list of 1 strings"),
+    ({"q": [SENTENCE, SENTENCE], "prefix": ["a"]}, "a list of 2 strings"),
+    ({"q": [SENTENCE, SENTENCE], "prefix": 3}, "prefix must be a string"),
+    ({"sampling_topk": 3}, "sampling_topk samples one hypothesis at a time: it needs a beam of 1"),
+])
+def test_a_bad_decoding_option_is_a_400_naming_the_field(server, fields, message):
+    status, answer = ask(server, **fields)
+    assert status == 400 and message in answer["error"], answer
+
+
+def test_decoding_options_come_as_form_text_too(server, tiny_model):
+    def form(**fields):
+        body = urllib.parse.urlencode({"q": SENTENCE, "source": "de", "target": "en", "api_key": KEY,
+                                       **fields}).encode()
+        try:
+            with urllib.request.urlopen(server.url + "translate", body, timeout=120) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+    assert form(min_len_b="20", min_len_a="0.0") == ask(server, min_len_b=20)
+    status, answer = form(sampling_topp="0.5x")
+    assert status == 400 and "sampling_topp must be a number, not '0.5x'" in answer["error"]
+
+
+@pytest.fixture(scope="module", params=["tensorflow", "ctranslate2"])
+def greedy_server(request, tiny_model):
+    """serve.py at --beam_size 1 (sampling allowed), on each engine, without an api key."""
+    logdir, data_dir = tiny_model
+    engine = ["--engine", "ctranslate2", "--model", request.getfixturevalue("ct2_model")] \
+        if request.param == "ctranslate2" else []
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, "--beam_size", "1", "--no_split",
+                             *engine]) as running:
+        yield running
+
+
+def test_sampling_top_1_and_a_sharp_temperature_are_greedy_and_alternatives_are_samples(greedy_server):
+    greedy = ask(greedy_server, key="")[1]
+    assert ask(greedy_server, key="", sampling_topk=1)[1] == greedy
+    sharp = ask(greedy_server, key="", sampling_topk=0, sampling_temperature=0.01)[1]
+    assert sharp["translatedText"] == greedy["translatedText"]
+    status, answer = ask(greedy_server, key="", sampling_topk=0, sampling_temperature=2.0, alternatives=3)
+    assert status == 200 and len(answer["alternatives"]) == 3 and all(answer["alternatives"])
+
+
+def test_serve_refuses_an_ensemble_with_the_ctranslate2_engine_in_one_line(tiny_model, ct2_model, capsys):
+    code, _, err = run_in_process(capsys, "serve.py", serve.main, "--engine", "ctranslate2", "--model", ct2_model,
+                                  "--ensemble", tiny_model[0])
+    assert code == 2 and err.count("\n") == 1 and "--ensemble" in err
+
+
 # ---------------------------------------------------------------- pieces alone
 def test_html_runs_are_split_with_entities_decoded_and_rendered_escaped():
     document = documents.Document('<p a="1&amp;2"> x &amp; y<br>z </p><script>if (a < b) go();</script>', "html")
@@ -679,11 +817,12 @@ class FakeTranslator:
     batch_size = 8
 
     def __init__(self, delay=0.0):
-        self.batches, self.delay = [], delay
+        self.batches, self.options, self.delay = [], [], delay
 
-    def run(self, sources, with_attention=True, beam=None):
+    def run(self, sources, with_attention=True, settings=None, n=None, prefixes=None):
         time.sleep(self.delay)
         self.batches.append(([len(source) for source in sources], with_attention))
+        self.options.append((settings, n, prefixes))
         return [len(source) for source in sources]
 
 
@@ -695,6 +834,19 @@ def test_the_batcher_runs_jobs_arriving_together_at_once_sorted_and_answers_each
     assert [future.result(10) for future in futures] == [[3, 1], [2], [5, 4]]
     batcher.stop()
     assert translator.batches == [([1, 3, 4, 5], False), ([2], True)]
+
+
+def test_the_batcher_groups_jobs_by_settings_n_and_prefixes_and_keeps_prefixes_beside_their_sources():
+    translator = FakeTranslator()
+    wide = decoding.DecodingSettings(beam_size=3)
+    batcher = Batcher(translator, batch_size=8, wait=1.0, queue_size=4, timeout=9)
+    futures = [batcher.submit([[1] * 3, [1] * 1], False, wide, 3), batcher.submit([[1] * 2], False),
+               batcher.submit([[1] * 5, [1] * 4], False, wide, 3, [[7], []]),
+               batcher.submit([[1] * 6], False, wide, 3, [[8, 9]])]
+    assert [future.result(10) for future in futures] == [[3, 1], [2], [5, 4], [6]]
+    batcher.stop()
+    assert translator.batches == [([1, 3], False), ([2], False), ([4, 5, 6], False)]
+    assert translator.options == [(wide, 3, None), (None, None, None), (wide, 3, [[], [7], [8, 9]])]
 
 
 def test_the_batcher_refuses_past_its_queue_and_drops_a_request_past_its_timeout():

@@ -1,5 +1,6 @@
 """translate.py: arguments, files and standard input through a pipe; over-long and empty lines; attention PNGs;
 errors as one line, with the session's tiny trained model (conftest.py)."""
+import math
 import os
 import queue
 import random
@@ -87,7 +88,7 @@ def test_arguments_keep_order_and_beam_nbest_is_sorted(model, capsys):
     nbest, _ = run_main(capsys, "--logdir", logdir, "--beam_size", "4", "--nbest", "3", SENTENCE, "", OTHER)
     fields = [line.split(" ||| ") for line in nbest]
     assert [f[0] for f in fields] == sorted(f[0] for f in fields) and {f[0] for f in fields} == {"0", "1", "2"}
-    assert fields[[f[0] for f in fields].index("1")][1:] == ["", "0.0000"]
+    assert fields[[f[0] for f in fields].index("1")][1:] == ["", "0.0000", "0.0000"]
     for number in ("0", "2"):
         scores = [float(f[2]) for f in fields if f[0] == number]
         assert 1 <= len(scores) <= 3 and scores == sorted(scores, reverse=True)
@@ -257,3 +258,73 @@ def test_ctranslate2_engine_without_a_model_dir_is_one_line(tmp_path, capsys):
     assert err.strip().splitlines() == [
         "error: --model %s is not a directory written by export.py --format ctranslate2 (no readable "
         "translate.json)" % tmp_path]
+
+
+# ---------------------------------------------------------------- confidence, prefixes, sampling
+def nbest_fields(lines):
+    """translate.py --nbest lines as (line, text, score, confidence)."""
+    return [(int(line), text, float(score), float(confidence)) for line, text, score, confidence
+            in (entry.split(" ||| ") for entry in lines)]
+
+
+def test_nbest_confidence_is_exp_of_score_s_log_prob_over_its_tokens(model, capsys, tmp_path):
+    logdir, data_dir = model
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(data_dir, "bpe.model"))
+    lines, _ = run_main(capsys, "--logdir", logdir, "--beam_size", "4", "--nbest", "3", SENTENCE, OTHER)
+    entries = nbest_fields(lines)
+    assert len(entries) >= 4 and all(0 < confidence <= 1 for *_, confidence in entries)
+    sources, references = tmp_path / "src.txt", tmp_path / "ref.txt"
+    sources.write_text("".join([SENTENCE, OTHER][line] + "\n" for line, *_ in entries), encoding="utf-8")
+    references.write_text("".join(text + "\n" for _, text, _, _ in entries), encoding="utf-8")
+    scored, _ = run_main(capsys, "--logdir", logdir, "--input", str(sources), "--score", str(references))
+    for (_, text, _, confidence), line in zip(entries, scored):
+        tokens = len(sp.encode(text, out_type=str)) + 1  # with </s>
+        assert confidence == pytest.approx(math.exp(float(line.split("\t")[0]) / tokens), abs=2e-4)
+
+
+def test_min_confidence_prints_an_empty_line_with_a_note_and_drops_nbest_entries(model, capsys):
+    logdir, _ = model
+    lines, err = run_main(capsys, "--logdir", logdir, "--min_confidence", "1", SENTENCE, "", OTHER)
+    assert lines == ["", "", ""]
+    assert "sentence 1 has confidence 0." in err and "below --min_confidence 1: printed an empty line" in err
+    assert "sentence 3 has confidence" in err and "sentence 2 has confidence" not in err
+    entries = nbest_fields(run_main(capsys, "--logdir", logdir, "--beam_size", "4", "--nbest", "4", SENTENCE)[0])
+    middle = sorted(confidence for *_, confidence in entries)[len(entries) // 2]
+    kept = nbest_fields(run_main(capsys, "--logdir", logdir, "--beam_size", "4", "--nbest", "4",
+                                 "--min_confidence", str(middle - 5e-5), SENTENCE)[0])
+    assert kept == [entry for entry in entries if entry[3] >= middle]
+
+
+def test_prefix_file_starts_the_first_sentence_s_translation(model, capsys, tmp_path):
+    logdir, _ = model
+    other, _ = run_main(capsys, "--logdir", logdir, OTHER)
+    prefix = " ".join(other[0].split()[:2])
+    sources, prefixes = tmp_path / "src.txt", tmp_path / "prefixes.txt"
+    sources.write_text("%s\n%s\n%s %s\n" % (SENTENCE, SENTENCE, SENTENCE, SENTENCE), encoding="utf-8")
+    prefixes.write_text("%s\n\n%s\n" % (prefix, prefix), encoding="utf-8")
+    free, _ = run_main(capsys, "--logdir", logdir, "--input", str(sources))
+    forced, _ = run_main(capsys, "--logdir", logdir, "--input", str(sources), "--prefix_file", str(prefixes))
+    assert forced[0].startswith(prefix) and forced[0] != free[0]
+    assert forced[1] == free[1]  # an empty prefix line: no prefix
+    # a line of two sentences: the first starts with the prefix, the second is translated freely
+    assert forced[2].startswith(prefix) and forced[2].endswith(free[0])
+    prefixes.write_text("%s\n" % prefix, encoding="utf-8")
+    code, _, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "--input",
+                                  sources, "--prefix_file", prefixes)
+    assert code == 2 and err.count("\n") == 1
+    assert "--prefix_file %s has 1 lines but --input %s has 3" % (prefixes, sources) in err
+
+
+def test_nbest_past_the_beam_draws_samples_when_sampling(model, capsys):
+    logdir, _ = model
+    code, _, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "--nbest", "3",
+                                  SENTENCE)
+    assert code == 2 and "--nbest 3 needs --beam_size 3 or more (now 1), or sampling" in err
+    lines, _ = run_main(capsys, "--logdir", logdir, "--nbest", "3", "--sampling_topk", "0", "--seed", "3",
+                        SENTENCE)
+    entries = nbest_fields(lines)
+    assert len(entries) == 3 and [score for _, _, score, _ in entries] == sorted(
+        (score for _, _, score, _ in entries), reverse=True)
+    code, _, err = run_in_process(capsys, "translate.py", translate.main, "--logdir", logdir, "--beam_size", "2",
+                                  "--sampling_topk", "0", SENTENCE)
+    assert code == 2 and "needs --beam_size 1, not 2" in err

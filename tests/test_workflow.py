@@ -85,3 +85,31 @@ def test_the_dev_evaluation_writes_bleu_and_an_attention_image_of_the_first_batc
     assert (60, "dev_bleu") in values
     # one image of the first dev sentence's last-block attention: its translation's positions by its source's
     assert image.encoded_image_string.startswith(b"\x89PNG") and image.height > 1 and image.width > 1
+
+
+def test_test_py_min_confidence_and_prefix_file(tiny_model, tmp_path, capsys):
+    """test.py --min_confidence 1 drops every hypothesis (results.json counts them); --prefix_file starts each test
+    line's translation with its prefix, an empty prefix line leaving it free; a wrong line count is one line."""
+    logdir, data_dir = tiny_model
+    testdir = str(tmp_path / "test")
+    assert test_cli.main(["--logdir", logdir, "--testdir", testdir, "--min_confidence", "1"]) == 0
+    results = json.load(open(os.path.join(testdir, "results.json")))
+    hypotheses = open(os.path.join(testdir, "hypotheses.txt"), encoding="utf-8").read().splitlines()
+    assert set(hypotheses) == {""} and results["dropped_below_min_confidence"] == results["sentences"] == 50
+    assert "test line 1 has confidence" in capsys.readouterr().err
+
+    assert test_cli.main(["--logdir", logdir, "--testdir", testdir]) == 0
+    free = open(os.path.join(testdir, "hypotheses.txt"), encoding="utf-8").read().splitlines()
+    assert json.load(open(os.path.join(testdir, "results.json")))["dropped_below_min_confidence"] == 0
+    prefixes = tmp_path / "prefixes.txt"
+    prefix = " ".join(free[1].split()[:2])
+    prefixes.write_text("%s\n\n" % prefix + "\n" * 48, encoding="utf-8")
+    assert test_cli.main(["--logdir", logdir, "--testdir", testdir, "--prefix_file", str(prefixes)]) == 0
+    forced = open(os.path.join(testdir, "hypotheses.txt"), encoding="utf-8").read().splitlines()
+    assert forced[0].startswith(prefix) and forced[1:] == free[1:]
+    prefixes.write_text("%s\n" % prefix, encoding="utf-8")
+    code, _, err = run_in_process(capsys, "test.py", test_cli.main, "--logdir", logdir, "--testdir", testdir,
+                                  "--prefix_file", prefixes)
+    assert code == 2 and err.count("\n") == 1
+    assert "--prefix_file %s has 1 lines but the test source %s has 50" % (
+        prefixes, os.path.join(data_dir, "test.1")) in err

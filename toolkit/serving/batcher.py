@@ -3,13 +3,11 @@ close together are translated together, in batches sorted by length; a full queu
 its time is refused."""
 import asyncio
 import concurrent.futures
-import dataclasses
-import functools
 import queue
 import threading
 import time
 
-from data_load import run_in_length_batches
+from toolkit.translating.sentences import run_sources
 
 
 class ApiError(Exception):
@@ -21,12 +19,20 @@ class ApiError(Exception):
 
 
 class Job:
-    """The model inputs of one request, whether it wants their attention, its beam size (None: the
-    translator's own), and the future of their results."""
+    """The model inputs of one request, whether it wants their attention, how to decode them
+    (settings: a decoding.DecodingSettings, None for the translator's own; n translations per
+    source, None for the translator's own), their target prefixes (per source its ids, [] for
+    none; None without), and the future of their results."""
 
-    def __init__(self, sources, attention, beam=None):
-        self.sources, self.attention, self.beam = sources, attention, beam
+    def __init__(self, sources, attention, settings=None, n=None, prefixes=None):
+        self.sources, self.attention, self.settings, self.n = sources, attention, settings, n
+        self.prefixes = prefixes if prefixes and any(prefixes) else None
         self.future = concurrent.futures.Future()
+
+    def kind(self):
+        """What the jobs run together share: the attention pass, settings, n, and whether they have
+        prefixes (a graph of its own)."""
+        return self.attention, self.settings, self.n, self.prefixes is not None
 
 
 class Batcher:
@@ -45,7 +51,7 @@ class Batcher:
         self.thread = threading.Thread(target=self.work, name="translator", daemon=True)
         self.thread.start()
 
-    async def translate(self, sources, attention, beam=None):
+    async def translate(self, sources, attention, settings=None, n=None, prefixes=None):
         """The translator's results of sources, through the worker's queue
         (429 when it is full, 504 past --timeout)."""
         if not sources:
@@ -55,7 +61,7 @@ class Batcher:
                                 "shortly" % self.pending)
         self.pending += 1
         try:
-            future = asyncio.wrap_future(self.submit(sources, attention, beam))
+            future = asyncio.wrap_future(self.submit(sources, attention, settings, n, prefixes))
             return await asyncio.wait_for(future, self.timeout)
         except asyncio.TimeoutError:
             raise ApiError(504, "the translation took longer than this server's --timeout of %g s: "
@@ -63,10 +69,10 @@ class Batcher:
         finally:
             self.pending -= 1
 
-    def submit(self, sources, attention, beam=None):
-        """Queues one request's model inputs; returns the concurrent future of their
-        translator results."""
-        job = Job(sources, attention, beam)
+    def submit(self, sources, attention, settings=None, n=None, prefixes=None):
+        """Queues one request's model inputs (a Job's fields); returns the concurrent future of
+        their translator results."""
+        job = Job(sources, attention, settings, n, prefixes)
         self.jobs.put(job)
         return job.future
 
@@ -97,22 +103,21 @@ class Batcher:
         return jobs, True
 
     def run_jobs(self, jobs):
-        """Runs the jobs in groups of the same attention pass and beam size."""
-        kinds = dict.fromkeys((job.attention, job.beam) for job in jobs)
-        for attention, beam in kinds:
-            self.run_group([job for job in jobs if (job.attention, job.beam) == (attention, beam)],
-                           attention, beam)
+        """Runs the jobs in groups of the same kind (Job.kind)."""
+        for kind in dict.fromkeys(job.kind() for job in jobs):
+            self.run_group([job for job in jobs if job.kind() == kind])
 
-    def run_group(self, jobs, attention, beam):
-        """Runs the jobs' sources at once (with the attention pass when attention, under their
-        beam) and hands each job its results (or the error)."""
+    def run_group(self, jobs):
+        """Runs the sources of jobs of one kind at once (with the attention pass when they want it,
+        under their settings, n and prefixes) and hands each job its results (or the error)."""
+        first = jobs[0]
+        options = {"with_attention": first.attention, **({} if first.settings is None else {
+            "settings": first.settings, "n": first.n})}
+        prefixes = None if first.prefixes is None else [
+            prefix for job in jobs for prefix in job.prefixes]
         try:
-            wider = {} if beam is None else {"settings": dataclasses.replace(
-                self.translator.settings, beam_size=beam), "n": beam}
-            results = run_in_length_batches(functools.partial(self.translator.run,
-                                                              with_attention=attention, **wider),
-                                            [source for job in jobs for source in job.sources],
-                                            self.translator.batch_size)
+            results = run_sources(self.translator, [source for job in jobs for source
+                                                    in job.sources], prefixes, **options)
         except Exception as error:  # noqa: BLE001 (each request answers 500 with it)
             for job in jobs:
                 job.future.set_exception(error)

@@ -27,6 +27,9 @@ SERVE_RANGES = (("port", 0, 65535), ("batch_wait_ms", 0, 60000), ("char_limit", 
                 ("timeout", 0.001, 86400), ("max_alternatives", 0, 64))
 #: A whole number as a form sends it: ASCII digits only (str.isdigit takes "²", which int refuses).
 DIGITS = re.compile(r"\s*[0-9]{1,9}\s*", re.ASCII)
+#: A number as a form sends it: decimal ASCII, an exponent allowed.
+DECIMAL = re.compile(r"\s*[-+]?([0-9]{1,30}(\.[0-9]{0,30})?|\.[0-9]{1,30})"
+                     r"([eE][-+]?[0-9]{1,4})?\s*", re.ASCII)
 #: Most fields in a form body.
 MAX_FIELDS = 100
 
@@ -153,14 +156,35 @@ def shown(value, most=40):
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
-def whole_number(fields, name):
-    """A field given as a JSON integer or form digits (0 when absent); a 400 otherwise."""
-    value = fields.get(name, 0)
+def whole_number(fields, name, default=0):
+    """A field given as a JSON integer or form digits (default when absent); a 400 otherwise."""
+    value = fields.get(name, default)
     if isinstance(value, str) and DIGITS.fullmatch(value):
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ApiError(400, "Invalid request: %s must be a whole number, not %s"
                        % (name, shown(value)))
+    return value
+
+
+def real_number(fields, name, default):
+    """A field given as a JSON number or a form's decimal number (default when
+    absent); a 400 otherwise."""
+    value = fields.get(name, default)
+    if isinstance(value, str) and DECIMAL.fullmatch(value):
+        value = float(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ApiError(400, "Invalid request: %s must be a number, not %s" % (name, shown(value)))
+    return value
+
+
+def in_range(name, value, ranges):
+    """value of the field name, a 400 naming the field and its range when ranges (hparams.RANGES)
+    refuse it (inf, nan and integers too large for a float among them)."""
+    valid, must_be = ranges[name]
+    if not (is_finite_number(value) and valid(value)):
+        raise ApiError(400, "Invalid request: %s %s is out of range: it must be %s"
+                       % (name, shown_number(value), must_be))
     return value
 
 

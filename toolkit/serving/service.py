@@ -3,6 +3,7 @@ languages, the limits of a request, and how a request's fields become the model'
 results the answer's fields. Every refusal is an ApiError with its HTTP status."""
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import hmac
 import os
@@ -10,13 +11,16 @@ import os
 from langdetect import DetectorFactory, detect_langs
 from langdetect.lang_detect_exception import LangDetectException
 
+import decoding
+from hparams import RANGES
 from toolkit.data import datadir
 from toolkit.translating import documents
 from toolkit.serving.batcher import ApiError, Batcher
 from toolkit.translating.documents import Document
-from toolkit.serving.requests import whole_number
+from toolkit.serving.requests import in_range, real_number, whole_number
 from toolkit.base.ids import PAD_ID
-from toolkit.translating.sentences import prepare, translation_entries
+from toolkit.translating.sentences import (line_prefixes, prefix_ids, prepare,
+                                           translation_entries)
 from toolkit.translating.trained_model import TrainedModel
 from toolkit.translating.translator import Translator, ctranslate2_translator
 
@@ -39,6 +43,8 @@ class Service:
         self.split = None if args.no_split else functools.partial(documents.split,
                                                                   lang=self.source_lang)
         self.limit, self.beam_size, self.args = hp.maxlen1 - 1, hp.beam_size, args
+        # the server's decoding flags: a request's fields go on top (min_confidence apart)
+        self.settings = dataclasses.replace(translator.settings, min_confidence=0.0)
         self.key = os.fsencode(args.api_key)  # the bytes given on the command line
         # a request for more alternatives than the flags' beam has decodes under a wider beam
         self.most_alternatives = max(args.max_alternatives, hp.beam_size - 1)
@@ -109,10 +115,41 @@ class Service:
                                 "tensorflow")
         return attention
 
-    def beam_for(self, alternatives):
-        """The beam size a request for that many alternatives decodes with: None (the flags')
-        when it has enough entries, else alternatives + 1."""
-        return None if alternatives < self.beam_size else alternatives + 1
+    def decoding_of(self, fields, alternatives):
+        """How a request decodes: (settings, n), its DecodingSettings (the server's with the
+        request's REQUEST_OPTIONS on top) and the translations per source. A request for more
+        alternatives than the beam has decodes under a beam of alternatives + 1; under sampling,
+        its alternatives are further samples. A 400 names a field out of its range, or sampling
+        with a beam of more than 1."""
+        given = {name: read_option(fields, name, getattr(self.settings, name))
+                 for name in REQUEST_OPTIONS if name in fields and name != "min_confidence"}
+        settings = dataclasses.replace(self.settings, **given)
+        if settings.samples() and settings.beam_size > 1:
+            raise ApiError(400, "Invalid request: %s samples one hypothesis at a time: it needs a "
+                                "beam of 1, and this server decodes with --beam_size %d"
+                           % (next(option for option in decoding.SAMPLING_OPTIONS
+                                   if settings.uses(option)), settings.beam_size))
+        if settings.samples():
+            return settings, alternatives + 1
+        if alternatives < settings.beam_size:
+            return settings, settings.beam_size
+        return dataclasses.replace(settings, beam_size=alternatives + 1), alternatives + 1
+
+    def min_confidence(self, fields):
+        """The request's min_confidence (the server's --min_confidence when not given)."""
+        return read_option(fields, "min_confidence", self.args.min_confidence)
+
+    def prefixes(self, fields, items):
+        """Per q item its target prefix (a string, "" for none): the prefix field, a string (for
+        every item) or a list of one string per item of a list q; a 400 for anything else."""
+        prefix = fields.get("prefix", "")
+        if isinstance(prefix, str):
+            return [prefix] * len(items)
+        if not isinstance(fields["q"], str) and isinstance(prefix, list) and len(prefix) == len(
+                items) and all(isinstance(text, str) for text in prefix):
+            return prefix
+        raise ApiError(400, "Invalid request: prefix must be a string, or for a list q a list of "
+                            "%d strings (one per q item)" % len(items))
 
     def detect_source(self, items):
         """Per item, the language detected ({"confidence", "language"}); a 400 naming it when an
@@ -129,19 +166,24 @@ class Service:
                                   self.source_lang))
         return detections
 
-    async def translate_texts(self, texts, fmt, attention=False, beam=None):
-        """Per text (a q item in format fmt) its n-best entries [(text, score)], the attention
-        entries (when attention), and the count of model inputs translated. The texts become model
-        inputs off the event loop."""
-        documents, parts, count = await self.off_loop(self.prepare, texts, fmt)
+    async def translate_texts(self, texts, fmt, attention=False, settings=None, n=None,
+                              prefixes=None):
+        """Per text (a q item in format fmt) its n-best entries [Entry], the attention entries
+        (when attention), and the count of model inputs translated, decoded under settings with n
+        translations per source (None: the translator's own), each text's translation starting
+        with its prefix (prefixes: per text a string, "" for none; None for none). The texts become
+        model inputs off the event loop."""
+        documents, parts, count, source_prefixes = await self.off_loop(self.prepare, texts, fmt,
+                                                                       prefixes)
         sources = [source for document in parts for segment in document for source in segment]
-        results = await self.batcher.translate(sources, attention, beam)
+        results = await self.batcher.translate(sources, attention, settings, n, source_prefixes)
         entries, maps = read_results(documents, parts, results, self.sp)
         return entries, maps, count
 
-    def prepare(self, texts, fmt):
-        """The texts as documents (document), and per document, per segment, the model inputs
-        (sentences.prepare); at most --max_sentences in all."""
+    def prepare(self, texts, fmt, prefixes=None):
+        """The texts as documents (document), per document, per segment, the model inputs
+        (sentences.prepare), their count (at most --max_sentences), and per model input its target
+        prefix (ids, [] for none; None without prefixes): a text's for its first."""
         documents = [self.document(text, fmt) for text in texts]
         parts = [[prepare(segment, self.sp, self.limit)[0] for segment in document.segments]
                  for document in documents]
@@ -150,7 +192,10 @@ class Service:
             raise ApiError(400, "Invalid request: %d sentences to translate, more than this "
                                 "server's limit of %d (--max_sentences): send fewer per request"
                            % (count, self.args.max_sentences))
-        return documents, parts, count
+        source_prefixes = None if prefixes is None else [
+            found for segments, text in zip(parts, prefixes)
+            for found in line_prefixes(segments, prefix_ids(text, self.sp))]
+        return documents, parts, count, source_prefixes
 
 
 def open_translator(hp, engine, model_dir):
@@ -186,7 +231,7 @@ def flag(fields, name):
 
 def read_results(documents, parts, results, sp):
     """The translator's results (one per model input, in order) as per document its n-best entries
-    [(text, score)], and the attention entries of every model input
+    [Entry], and the attention entries of every model input
     (when results have attention)."""
     results, entries, maps = iter(results), [], []
     for document, segments in zip(documents, parts):
@@ -208,21 +253,48 @@ def attention_entry(source, ids, weights, sp):
                                :len(source)].mean(0).astype(float).round(4).tolist()}
 
 
-def translation_body(fields, entries, alternatives, maps, detections):
-    """The answer of /translate: per q item its n-best entries [(text, score)], best first, shaped
-    as q was; detections: per item the language detected (source auto), or None."""
+def translation_body(fields, entries, alternatives, maps, detections, min_confidence=0.0):
+    """The answer of /translate: per q item its n-best entries [Entry], best first, shaped as q
+    was, with its confidence (4 decimals); an entry below min_confidence is left out, the best
+    one's translatedText "". detections: per item the language detected (source auto), or None."""
     one = isinstance(fields["q"], str)
     shape = (lambda values: values[0]) if one else (lambda values: values)
-    body = {"translatedText": shape([document[0][0] for document in entries])}
+    kept = [[entry for entry in document if entry.confidence >= min_confidence]
+            for document in entries]
+    body = {"translatedText": shape([document[0].text if document and document[0].confidence
+                                     >= min_confidence else "" for document in entries]),
+            "confidence": shape([round(document[0].confidence, 4) if document else 0.0
+                                 for document in entries])}
     if alternatives:
-        body["alternatives"] = shape([[text for text, _ in document[1:1 + alternatives]]
-                                      for document in entries])
+        body["alternatives"] = shape([[entry.text for entry in others(document, full)]
+                                      [:alternatives] for document, full in zip(kept, entries)])
     if detections is not None:
         body["detectedLanguage"] = shape(detections)
     if maps is not None:
-        body["nbest"] = [{"text": text, "score": round(score, 4)} for text, score in entries[0]]
+        body["nbest"] = [{"text": entry.text, "score": round(entry.score, 4),
+                          "confidence": round(entry.confidence, 4)} for entry in kept[0]]
         body["attention"] = maps
     return body
+
+
+def others(kept, entries):
+    """The entries of kept (those of entries above min_confidence) but the best of entries."""
+    return kept[1:] if kept and kept[0] is entries[0] else kept
+
+
+def read_option(fields, name, default):
+    """A decoding option of a request (a REQUEST_OPTIONS field), default when absent, in the range
+    of its flag (hparams.RANGES); a 400 naming it otherwise."""
+    read = whole_number if name in WHOLE_OPTIONS else real_number
+    return in_range(name, read(fields, name, default), RANGES)
+
+
+#: The decoding options a request may set, named as their flags; the rest are the server's.
+REQUEST_OPTIONS = ("min_len_a", "min_len_b", "sampling_topk", "sampling_topp",
+                   "sampling_temperature", "no_repeat_ngram_size", "repetition_penalty",
+                   "min_confidence")
+#: The options that are whole numbers.
+WHOLE_OPTIONS = ("min_len_b", "sampling_topk", "no_repeat_ngram_size")
 
 
 #: Names of the language codes the server shows (ISO 639-1); another code is shown as itself.

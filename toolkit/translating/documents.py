@@ -1,9 +1,11 @@
 """A request's text as the segments to translate and the text kept around them: every line of plain
 text, or the text runs between the tags of HTML (the tags, comments and the content of script and
 style kept as written); and the document put back together around the segments' translations."""
+import collections
 import functools
 import html
 import html.parser
+import math
 import re
 
 
@@ -101,13 +103,36 @@ class HtmlSegments(html.parser.HTMLParser):
         return end.end()
 
 
+class Entry(collections.namedtuple("Entry", "text score confidence log_prob tokens")):
+    """One n-best entry of a part, a segment or a document: its text, its score, its confidence
+    (the geometric mean of its tokens' probabilities, exp(log_prob / tokens); 1 for no tokens),
+    and the model's log p of its tokens and their count (with </s>), which entries are joined by."""
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, text, score, log_prob, tokens):
+        confidence = math.exp(log_prob / tokens) if tokens else 1.0
+        return cls(text, float(score), confidence, float(log_prob), int(tokens))
+
+    @classmethod
+    def joined(cls, text, entries):
+        """The entry of text made of entries: the sums of their scores, log_probs and tokens."""
+        return cls.of(text, sum(entry.score for entry in entries),
+                      sum(entry.log_prob for entry in entries),
+                      sum(entry.tokens for entry in entries))
+
+
+#: The entry of a segment with nothing to translate.
+EMPTY_ENTRY = Entry("", 0.0, 1.0, 0.0, 0)
+
+
 def document_entries(document, segment_entries):
-    """The n-best of a document: [(text, score)], entry k with every segment's k-th best and the sum
-    of their scores, as far as every segment has a k-th. segment_entries: per segment,
-    nbest_texts' entries."""
+    """The n-best of a document: [Entry], entry k with every segment's k-th best, the sum of their
+    scores and their confidence together (exp(sum of log_probs / sum of tokens)), as far as every
+    segment has a k-th. segment_entries: per segment, nbest_texts' entries."""
     depth = min(len(entries) for entries in segment_entries) if segment_entries else 1
-    return [(document.render([entries[k][0] for entries in segment_entries]),
-             sum(entries[k][1] for entries in segment_entries)) for k in range(depth)]
+    return [Entry.joined(document.render([entries[k].text for entries in segment_entries]),
+                         [entries[k] for entries in segment_entries]) for k in range(depth)]
 
 
 @functools.lru_cache(maxsize=None)

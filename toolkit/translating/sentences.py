@@ -2,13 +2,14 @@
 splitting a line into its sentences (unless kept whole), cleaning and segmenting each, splitting one
 longer than the model was trained on into parts that fit, and joining the parts' translations (their
 n-best entries) into the sentence's, the sentences' into the line's with the text between them."""
+import functools
 import sys
 
 import decoding
 from data_load import run_in_length_batches
-from toolkit.translating.documents import Document, document_entries
+from toolkit.translating.documents import EMPTY_ENTRY, Document, Entry, document_entries
 from toolkit.base.errors import UserError
-from toolkit.base.ids import EOS_ID, UNK_ID
+from toolkit.base.ids import EOS_ID, PAD_ID, UNK_ID
 from toolkit.base.reading import clean_line, decode_lines
 from utils import postprocess
 
@@ -119,25 +120,39 @@ def prepare(text, sp, limit):
 
 
 def nbest_texts(part_results, sp):
-    """part_results: the translator's results of one line's parts. Returns [(text, score)], best
-    first: entry k joins the k-th best translation of every part, with the sum of their scores."""
+    """part_results: the translator's results (decoding.Translation) of one line's parts. Returns
+    [Entry], best first: entry k joins the k-th best translation of every part, with the sum of
+    their scores and their confidence together (Entry.joined)."""
     texts = [postprocess(result.ids, sp) for result in part_results]  # per part, K texts
     entries = []
     for k in range(len(texts[0])):
-        part_scores = [result.scores[k] for result in part_results]
-        if min(part_scores) > decoding.NEG_INF / 2:
-            entries.append((" ".join(part[k] for part in texts), float(sum(part_scores))))
+        parts = [Entry.of(part[k], result.scores[k], result.log_probs[k],
+                          (result.ids[k] != PAD_ID).sum()) for part, result
+                 in zip(texts, part_results)]
+        if min(part.score for part in parts) > decoding.NEG_INF / 2:
+            entries.append(Entry.joined(" ".join(part.text for part in parts), parts))
     return entries
 
 
-def output_lines(number, entries, nbest):
+def output_lines(number, entries, nbest, min_confidence=0.0):
     """The lines printed for input line `number` (1-based): the best text, or with nbest > 1 up to
-    nbest lines `number-1 ||| text ||| score`. entries: [(text, score)], best first;
-    [] for an empty line."""
+    nbest lines `number-1 ||| text ||| score ||| confidence`. entries: [Entry], best first; []
+    for an empty line. An entry whose confidence is below min_confidence is left out (the best
+    one printed as an empty line)."""
+    kept = [entry for entry in entries if entry.confidence >= min_confidence]
     if nbest == 1:
-        return [entries[0][0] if entries else ""]
-    return ["%d ||| %s ||| %.4f" % (number - 1, text, score) for text, score in entries] or [
-        "%d |||  ||| 0.0000" % (number - 1)]
+        return [entries[0].text if entries and kept and kept[0] is entries[0] else ""]
+    return ["%d ||| %s ||| %.4f ||| %.4f" % (number - 1, entry.text, entry.score,
+                                             entry.confidence) for entry in kept] or [
+        "%d |||  ||| 0.0000 ||| 0.0000" % (number - 1)]
+
+
+def confidence_notes(entries, min_confidence):
+    """The note on a line whose translation (its best entry) is below min_confidence."""
+    if entries and entries[0].confidence < min_confidence:
+        return ["has confidence %.4f, below --min_confidence %g: printed an empty line"
+                % (entries[0].confidence, min_confidence)]
+    return []
 
 
 def report(where, number, notes):
@@ -164,7 +179,7 @@ def prepare_line(text, sp, limit, split=None):
 
 
 def translation_entries(document, segment_parts, results, sp):
-    """The n-best entries [(text, score)] of a document (a line: prepare_line) from the results of
+    """The n-best entries [Entry] of a document (a line: prepare_line) from the results of
     its segments' parts, in order: every segment's entries (nbest_texts; "" for a segment with
     nothing to translate, or whose every entry beam search left unfilled) put back into the
     document (documents.document_entries). [] for no document."""
@@ -173,28 +188,78 @@ def translation_entries(document, segment_parts, results, sp):
     results, segment_entries = iter(results), []
     for parts in segment_parts:
         part_results = [next(results) for _ in parts]
-        segment_entries.append((nbest_texts(part_results, sp) if parts else []) or [("", 0.0)])
+        segment_entries.append((nbest_texts(part_results, sp) if parts else []) or [EMPTY_ENTRY])
     return document_entries(document, segment_entries)
 
 
-def translated_lines(translator, lines, sp, limit, where, split=None):
+class Prefixed(list):
+    """A source's ids (a list, so that run_in_length_batches orders it by its length) with the
+    target prefix (ids, [] for none) that its translations start with."""
+
+    def __init__(self, ids, prefix):
+        super().__init__(ids)
+        self.prefix = prefix
+
+
+def run_sources(translator, sources, prefixes=None, progress=False, **options):
+    """translator.run(batch, **options) over sources in batches of similar length
+    (run_in_length_batches); returns one result per source, in order. prefixes: None, or per source
+    its target prefix ([] for none), each batch's passed along with its sources (prefixes=None to a
+    batch without one)."""
+    if not prefixes or not any(prefixes):
+        return run_in_length_batches(functools.partial(translator.run, **options), sources,
+                                     translator.batch_size, progress)
+
+    def run_batch(batch):
+        found = [source.prefix for source in batch]
+        return translator.run([list(source) for source in batch],
+                              prefixes=found if any(found) else None, **options)
+    return run_in_length_batches(run_batch, [Prefixed(source, prefix) for source, prefix
+                                             in zip(sources, prefixes)], translator.batch_size,
+                                 progress)
+
+
+def line_prefixes(segments, prefix):
+    """Per model input of a line (its segments' parts), its target prefix: the line's prefix (ids,
+    [] for none) for its first, [] for the others."""
+    count = sum(len(parts) for parts in segments)
+    return [prefix if k == 0 else [] for k in range(count)]
+
+
+def prefix_ids(text, sp):
+    """A target prefix line as ids: cleaned and segmented as target text, without </s>; [] for an
+    empty line."""
+    return [sp.piece_to_id(piece) for piece in sp.encode(clean_line(text), out_type=str)]
+
+
+def translated_lines(translator, lines, sp, limit, where, split=None, prefixes=None):
     """Translates a list of lines in batches (prepare_line); yields each line's model inputs and
     their results (Translator.run), and its n-best entries, in order. Notes about the lines go to
-    stderr, `where` naming them."""
+    stderr, `where` naming them. prefixes: None, or per line the target prefix (ids, [] for none)
+    that its first model input's translations start with."""
     prepared = [prepare_line(text, sp, limit, split) for text in lines]
     for number, (_, _, notes) in enumerate(prepared, 1):
         report(where, number, notes)
     sources = [source for _, segments, _ in prepared for parts in segments for source in parts]
-    results = iter(run_in_length_batches(translator.run, sources, translator.batch_size,
-                                         progress=True))
+    source_prefixes = None if prefixes is None else [
+        found for (_, segments, _), prefix in zip(prepared, prefixes)
+        for found in line_prefixes(segments, prefix)]
+    results = iter(run_sources(translator, sources, source_prefixes, progress=True))
     for document, segments, _ in prepared:
         inputs = [source for parts in segments for source in parts]
         line_results = [next(results) for _ in inputs]
         yield inputs, line_results, translation_entries(document, segments, line_results, sp)
 
 
-def best_translations(translator, lines, sp, limit, where):
+def best_translations(translator, lines, sp, limit, where, min_confidence=0.0, prefixes=None):
     """The best translation of each of a list of lines, each translated whole, in order ("" for an
-    empty line)."""
-    return [output_lines(number, entries, 1)[0] for number, (_, _, entries)
-            in enumerate(translated_lines(translator, lines, sp, limit, where), 1)]
+    empty line, and for one whose confidence is below min_confidence, with a note on stderr); and
+    how many were dropped below min_confidence. prefixes: as in translated_lines."""
+    hypotheses, dropped = [], 0
+    for number, (_, _, entries) in enumerate(translated_lines(translator, lines, sp, limit, where,
+                                                              prefixes=prefixes), 1):
+        notes = confidence_notes(entries, min_confidence)
+        report(where, number, notes)
+        dropped += bool(notes)
+        hypotheses.append(output_lines(number, entries, 1, min_confidence)[0])
+    return hypotheses, dropped
