@@ -57,11 +57,16 @@ class Decoder:
                 self.ops[key] = build_fn()
         return self.ops[key]
 
-    def search(self, impl, settings, n=1, x=SOURCES, prefix=None):
-        """search()'s ids (N, n, T), scores (N, n) and the model's log-probabilities (N, n)."""
+    def placeholder(self, name, dtype):
+        """A scalar placeholder, to feed an option's value as a server does."""
+        return self._op(("placeholder", name), lambda: tf1.placeholder(dtype, [], name))
+
+    def search(self, impl, settings, n=1, x=SOURCES, prefix=None, fed=None):
+        """search()'s ids (N, n, T), scores (N, n) and the model's log-probabilities (N, n).
+        fed: {placeholder: value} of the options that settings hold as placeholders."""
         op = self._op(("search", impl, settings, n, prefix is not None), lambda: search(
             self.models[impl], self.ph.xs, settings, n, None if prefix is None else self.prefix))
-        feed = self.ph.feed(x)
+        feed = {**self.ph.feed(x), **(fed or {})}
         if prefix is not None:
             feed[self.prefix] = prefix
         return self.sess.run(op, feed)
@@ -110,6 +115,14 @@ def random_decoder():
         decoder.sess = tf1.Session(graph=graph)
         decoder.sess.run(tf1.global_variables_initializer())
     return decoder
+
+
+@pytest.fixture(scope="module")
+def untrained():
+    """A random_decoder, whose flat distributions make any sampling show."""
+    decoder = random_decoder()
+    yield decoder
+    decoder.sess.close()
 
 
 # ---------------------------------------------------------------- helpers computed by hand
@@ -173,7 +186,7 @@ def chi2_sf(statistic, df):
         total += term
         if term < 1e-17 * total:
             break
-    return 1.0 - math.exp(a * math.log(x) - x - math.lgamma(a)) * total
+    return max(0.0, 1.0 - math.exp(a * math.log(x) - x - math.lgamma(a)) * total)
 
 
 # ---------------------------------------------------------------- 1. prefix
@@ -186,7 +199,8 @@ def teacher_forced_greedy(decoder, impl, x, prefix, settings):
     done = [False] * len(rows)
     while not all(done):
         width = max(len(row) for row in rows) + 1
-        ids = np.full([len(rows), width], 4, np.int32)  # what follows a row never reaches it
+        # any token after a row: position t's logits see only the ids before t
+        ids = np.full([len(rows), width], 4, np.int32)
         for ids_row, row in zip(ids, rows):
             ids_row[:len(row)] = row
         logits = decoder.logits(impl, x, ids)
@@ -209,7 +223,9 @@ def teacher_forced_greedy(decoder, impl, x, prefix, settings):
 def test_every_output_starts_with_its_prefix_and_greedy_continues_it(trained, impl):
     """Every output, greedy and each of beam 4's, starts with its prefix (lengths 0 to 5); and
     greedy decoding after the prefix is the argmax continuation of the model teacher-forced on
-    the prefix, computed step by step outside the search."""
+    the prefix, computed step by step outside the search, also (fast path: the rule is the
+    shared search's) under a step limit shorter than some prefixes, which then get the prefix's
+    length + 1 steps."""
     lengths = (PREFIXES != PAD_ID).sum(1)
     greedy = DecodingSettings()
     ids, _, _ = trained.search(impl, greedy, prefix=PREFIXES)
@@ -222,6 +238,13 @@ def test_every_output_starts_with_its_prefix_and_greedy_continues_it(trained, im
     expected = teacher_forced_greedy(trained, impl, SOURCES, PREFIXES, greedy)
     width = max(expected.shape[1], ids.shape[2])
     np.testing.assert_array_equal(pad_to(ids[:, 0], width), pad_to(expected, width))
+    if impl == "fast":  # with a step limit of 3, longer prefixes get room for them and </s>
+        short = DecodingSettings(max_len_a=0.0, max_len_b=3)
+        ids_short, _, _ = trained.search(impl, short, prefix=PREFIXES)
+        expected = teacher_forced_greedy(trained, impl, SOURCES, PREFIXES, short)
+        np.testing.assert_array_equal(lengths_of(expected), np.maximum(lengths, 2))
+        width = max(expected.shape[1], ids_short.shape[2])
+        np.testing.assert_array_equal(pad_to(ids_short[:, 0], width), pad_to(expected, width))
     # the empty prefix decodes as no prefix at all
     free, _, _ = trained.search(impl, greedy)
     width = max(free.shape[2], ids.shape[2])
@@ -244,28 +267,27 @@ def test_sampling_from_the_one_most_probable_token_is_greedy(trained):
 @pytest.mark.xfail(strict=True, reason="sampling_topk 1 with another sampling option samples "
                    "from the whole vocabulary; --sampling_topk's help and CTranslate2 say 1 is "
                    "greedy decoding")
-def test_sampling_topk_1_is_greedy_whatever_the_temperature():
+def test_sampling_topk_1_is_greedy_whatever_the_temperature(untrained):
     """--sampling_topk 1 is 'no sampling, take the most probable' (hparams.py's help; in
-    CTranslate2 sampling_topk 1 is greedy search whatever sampling_temperature says): with a
-    temperature of 2 as well, the output is greedy decoding's. Random weights, whose flat
-    distributions make any sampling show."""
-    decoder = random_decoder()
-    with decoder.sess:
-        ids, scores, _ = decoder.search("fast", DecodingSettings(sampling_temperature=2.0))
-        greedy_ids, greedy_scores, _ = decoder.search("fast", DecodingSettings())
+    CTranslate2 sampling_topk 1 is greedy search whatever sampling_temperature says: its
+    make_sampler picks the BestSampler): with a temperature of 2 as well, the output is greedy
+    decoding's. Random weights, whose flat distributions make any sampling show."""
+    ids, scores, _ = untrained.search("fast", DecodingSettings(sampling_temperature=2.0))
+    greedy_ids, greedy_scores, _ = untrained.search("fast", DecodingSettings())
     np.testing.assert_array_equal(ids, greedy_ids)
     np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5)
 
 
 def test_the_same_seed_draws_the_same_samples():
     """Two new graphs and sessions with the same settings.seed draw the same 8 samples of each
-    source (ids and scores); a third with another seed draws others, so the seed is what fixes
-    them. Random weights, whose flat distributions make samples differ."""
-    def draw(seed):
+    source (ids and scores); another seed draws others, so the seed is what fixes them. Random
+    weights, whose flat distributions make samples differ."""
+    def draw(*seeds):
         decoder = random_decoder()
         with decoder.sess:
-            return decoder.search("fast", DecodingSettings(sampling_topk=0, seed=seed), 8)
-    first, second, other = draw(7), draw(7), draw(8)
+            return [decoder.search("fast", DecodingSettings(sampling_topk=0, seed=seed), 8)
+                    for seed in seeds]
+    (first,), (second, other) = draw(7), draw(7, 8)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
     width = max(first[0].shape[2], other[0].shape[2])
@@ -288,18 +310,16 @@ def test_chi2_sf_matches_the_tables_upper_points():
 @pytest.mark.parametrize("settings, samples", [
     (DecodingSettings(sampling_topk=5, sampling_temperature=0.7, max_len_a=0, max_len_b=2), 2000),
     (DecodingSettings(sampling_topk=0, sampling_topp=0.5, sampling_temperature=1.5, max_len_a=0,
-                      max_len_b=2), 4000)])
-def test_first_tokens_follow_the_tempered_truncated_softmax(settings, samples):
+                      max_len_b=2), 4000)], ids=["top_k", "top_p"])
+def test_first_tokens_follow_the_tempered_truncated_softmax(untrained, settings, samples):
     """n samples of one source's first token: their frequencies fit softmax(first-step log
     probabilities / temperature) restricted to the top k, or to the nucleus of top p (the fewest
     most probable tokens whose probabilities add up to p), by a chi-square test at p >= 0.001,
     and no token outside is ever drawn. The first-step logits are the model's, teacher-forced on
     a one-token output, with <pad> and <s> excluded; random weights, for many probable tokens."""
-    decoder = random_decoder()
     x = SOURCES[:1]
-    with decoder.sess:
-        logits = decoder.logits("fast", x, np.array([[EOS_ID]], np.int32))[0, 0]
-        ids, _, _ = decoder.search("fast", settings, samples, x=x)
+    logits = untrained.logits("fast", x, np.array([[EOS_ID]], np.int32))[0, 0]
+    ids, _, _ = untrained.search("fast", settings, samples, x=x)
     probs = np.exp(log_softmax(logits) / settings.sampling_temperature)
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")
@@ -331,7 +351,7 @@ def test_no_output_repeats_an_ngram(trained, size):
     def repeats(ids):
         return max(ngram_counts(ids, size).values(), default=0) > 1
     for beam in (1, 4):
-        free, _, _ = trained.search("fast", DecodingSettings(beam_size=beam))
+        free, _, _ = trained.search("fast", DecodingSettings(beam_size=beam), beam)
         assert any(repeats(row) for row in free[:, 0]), free[:, 0]
         settings = DecodingSettings(beam_size=beam, no_repeat_ngram_size=size)
         ids, scores, _ = trained.search("fast", settings, beam)
@@ -341,20 +361,21 @@ def test_no_output_repeats_an_ngram(trained, size):
 
 
 # ---------------------------------------------------------------- 4. minimum length
-@pytest.mark.parametrize("a, b", [(1.0, 3), (0.5, 9)])
-def test_no_output_is_shorter_than_the_minimum(trained, a, b):
-    """min_len_a a, min_len_b b: every output of greedy decoding and beam 4 has at least
-    ceil(a * source length + b) tokens before </s> (source length without </s>), where the
-    copier without the option stops earlier."""
-    minimum = np.ceil(a * lengths_of(SOURCES) + b).astype(int)
+def test_no_output_is_shorter_than_the_minimum(trained):
+    """min_len_a a, min_len_b b (fed, as a server feeds them): every output of greedy decoding and
+    beam 4 has at least ceil(a * source length + b) tokens before </s> (source length without
+    </s>), where the copier without the option stops earlier."""
+    a, b = trained.placeholder("min_len_a", tf.float32), trained.placeholder("min_len_b", tf.int32)
     for beam in (1, 4):
-        free, _, _ = trained.search("fast", DecodingSettings(beam_size=beam))
-        assert (lengths_of(free[:, 0]) < minimum).any()
+        free, _, _ = trained.search("fast", DecodingSettings(beam_size=beam), beam)
         settings = DecodingSettings(beam_size=beam, min_len_a=a, min_len_b=b)
-        ids, scores, _ = trained.search("fast", settings, beam)
-        assert filled(scores).all()
-        assert (lengths_of(ids) >= minimum[:, None]).all(), (minimum, lengths_of(ids))
-        assert (ids == EOS_ID).sum(-1).min() == 1
+        for a_value, b_value in ((1.0, 3), (0.5, 9)):
+            minimum = np.ceil(a_value * lengths_of(SOURCES) + b_value).astype(int)
+            assert (lengths_of(free[:, 0]) < minimum).any()
+            ids, scores, _ = trained.search("fast", settings, beam, fed={a: a_value, b: b_value})
+            assert filled(scores).all()
+            assert (lengths_of(ids) >= minimum[:, None]).all(), (minimum, lengths_of(ids))
+            assert (ids == EOS_ID).sum(-1).min() == 1
 
 
 # ---------------------------------------------------------------- 5. repetition penalty
@@ -408,7 +429,7 @@ def test_greedy_decoding_with_a_repetition_penalty_takes_the_penalized_argmax(tr
 
 
 # ---------------------------------------------------------------- 6. confidence
-#: (settings, prefixes) of the confidence test: searches without options on both paths (whose
+#: (settings, prefixes, paths) of the confidence test: searches without options on both paths (whose
 #: per-step logits differ), with options on the fast one (the search code is shared).
 CONFIDENCE_CASES = {
     "greedy": (DecodingSettings(), None, IMPLS),
@@ -449,16 +470,16 @@ def op_types(graph):
             | {node.op for function in graph_def.library.function for node in function.node_def})
 
 
-def decoding_graph(settings=None, beam=1):
-    """The op types of a graph of translate(settings) on random weights, or with settings None,
-    of the model's searches called by hand without any StepRules (the code before the
-    options)."""
+def decoding_graph(*settings, beam=1):
+    """The op types of a graph of translate(s) for each of settings on random weights, or with
+    none, of the model's search (greedy, or a beam of beam) called by hand without any StepRules
+    (the code before the options)."""
     graph = tf.Graph()
     with graph.as_default():
         model, ph = build(small_hp())
-        if settings is not None:
-            translate(model, ph.xs, settings)
-        else:
+        for each in settings:
+            translate(model, ph.xs, each)
+        if not settings:
             memory, src_masks = model.encode(ph.xs, training=False)
             max_steps = max_decoding_steps(ph.xs.x_seqlen, 1.5, 10)
             if beam > 1:
@@ -471,21 +492,25 @@ def decoding_graph(settings=None, beam=1):
     return op_types(graph)
 
 
+#: Op types that each option adds to the searches without StepRules (each option alone adds one
+#: of them at least): StepRules' log_softmax (greedy_search's default takes logit - logsumexp),
+#: the minimum length's reduce_any of bans, sampling's Multinomial, n-gram blocking's and the
+#: repetition penalty's ScatterNd.
+OPTION_OPS = {"greedy": {"LogSoftmax", "Any", "Multinomial", "ScatterNd"},
+              "beam": {"Any", "ScatterNd"}}
+
+
 def test_default_settings_add_no_op_of_the_options():
-    """translate() with default settings (greedy, and beam 4) builds the op types of the searches
-    without StepRules, none of those the options add (those of a graph with every option on:
-    sampling's Multinomial, n-gram blocking's and the penalty's ScatterNd, ...)."""
-    greedy_options = decoding_graph(DecodingSettings(
-        min_len_b=2, sampling_topk=5, sampling_topp=0.9, sampling_temperature=0.8,
-        no_repeat_ngram_size=2, repetition_penalty=1.2))
-    beam_options = decoding_graph(DecodingSettings(
-        beam_size=4, min_len_b=2, no_repeat_ngram_size=2, repetition_penalty=1.2))
-    for default, bare, options in (
-            (decoding_graph(DecodingSettings()), decoding_graph(), greedy_options),
-            (decoding_graph(DecodingSettings(beam_size=4)), decoding_graph(beam=4),
-             beam_options)):
-        added = options - bare
-        assert "ScatterNd" in added, added
-        assert not default & added, default & added
-        assert default <= bare, default - bare
-    assert "Multinomial" in greedy_options - decoding_graph()
+    """translate() with default settings (greedy, and beam 4) builds exactly the op types of the
+    searches without StepRules, so none of those the options add (OPTION_OPS, found in a graph
+    with every option on: so a leak of any option into the default path fails the test)."""
+    options = decoding_graph(
+        DecodingSettings(min_len_b=2, sampling_topk=5, sampling_topp=0.9,
+                         sampling_temperature=0.8, no_repeat_ngram_size=2, repetition_penalty=1.2),
+        DecodingSettings(beam_size=4, min_len_b=2, no_repeat_ngram_size=2, repetition_penalty=1.2))
+    for search_kind, default, bare in (
+            ("greedy", decoding_graph(DecodingSettings()), decoding_graph()),
+            ("beam", decoding_graph(DecodingSettings(beam_size=4)), decoding_graph(beam=4))):
+        assert OPTION_OPS[search_kind] <= options - bare, options - bare
+        assert not default & OPTION_OPS[search_kind], default & OPTION_OPS[search_kind]
+        assert default == bare, default ^ bare
