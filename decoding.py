@@ -41,8 +41,8 @@ class DecodingSettings:
     beam_size hypotheses per sentence (1: greedy decoding); alpha of length_penalty; at most
     max_len_a * source length + max_len_b steps per sentence (max_decoding_steps), and at least
     min_len_a * source length + min_len_b tokens before </s> (min_decoding_lengths);
-    sampling_topk (1: off; 0: the whole vocabulary), sampling_topp and sampling_temperature:
-    sample each token (sample_tokens) instead of taking the most probable, under seed;
+    sampling_topk other than 1 (0: the whole vocabulary) samples each token (sample_tokens) instead
+    of taking the most probable, under seed, shaped by sampling_topp and sampling_temperature;
     no_repeat_ngram_size: no n-gram of that size twice in an output (repeated_ngram_bans);
     repetition_penalty: the logits of tokens already output divided by it when positive,
     multiplied when negative (penalize_repetitions); min_confidence: a translation whose
@@ -77,8 +77,10 @@ class DecodingSettings:
         return isinstance(value, tf.Tensor) or value != OPTION_DEFAULTS[option]
 
     def samples(self):
-        """Whether tokens are drawn (sample_tokens) rather than chosen by greedy or beam search."""
-        return any(self.uses(option) for option in SAMPLING_OPTIONS)
+        """Whether tokens are drawn (sample_tokens) rather than chosen by greedy or beam search:
+        sampling_topk other than 1, as in CTranslate2 (the temperature and top-p shape the
+        draw)."""
+        return self.uses("sampling_topk")
 
     def reshapes_distribution(self):
         """Whether an option changes the log-probabilities the search chooses from (so that the

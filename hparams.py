@@ -274,11 +274,11 @@ class Hparams:
                                 "token; 1: no sampling, take the most probable); needs "
                                 "--beam_size 1, and --nbest N draws N samples")
         group.add_argument("--sampling_topp", type=float, default=1.0, metavar="P",
-                           help="draw each token from the fewest most probable tokens whose "
-                                "probability adds up to P (1: no limit)")
+                           help="when sampling, draw each token from the fewest most probable "
+                                "tokens whose probability adds up to P (1: no limit)")
         group.add_argument("--sampling_temperature", type=float, default=1.0, metavar="T",
-                           help="sample from the probabilities to the power 1/T: below 1 "
-                                "sharper, above 1 flatter")
+                           help="when sampling, draw from the probabilities to the power 1/T: "
+                                "below 1 sharper, above 1 flatter")
         group.add_argument("--no_repeat_ngram_size", type=int, default=0, metavar="N",
                            help="never output an n-gram of N tokens twice (0: off)")
         group.add_argument("--repetition_penalty", type=float, default=1.0, metavar="R",
@@ -439,11 +439,14 @@ def range_error(hp, flags=None, where=None):
     d_model, num_heads = values.get("d_model"), values.get("num_heads")
     if d_model and num_heads and d_model % num_heads:
         return "--num_heads %d must divide --d_model %d" % (num_heads, d_model)
-    sampling = [flag for flag in ("sampling_topk", "sampling_topp", "sampling_temperature")
-                if values.get(flag, 1) != 1]
-    if sampling and values.get("beam_size", 1) > 1:
-        return ("--%s samples one hypothesis at a time: it needs --beam_size 1, not %d"
-                % (sampling[0], values["beam_size"]))
+    shaping = [flag for flag in ("sampling_topp", "sampling_temperature")
+               if values.get(flag, 1) != 1]
+    if shaping and values.get("sampling_topk", 0) == 1:
+        return ("--%s shapes the draws of sampling, which --sampling_topk 1 turns off: give "
+                "--sampling_topk K (0: every token) too, or leave it out" % shaping[0])
+    if values.get("sampling_topk", 1) != 1 and values.get("beam_size", 1) > 1:
+        return ("--sampling_topk samples one hypothesis at a time: it needs --beam_size 1, not %d"
+                % values["beam_size"])
     longest = max(values.get("maxlen1", 0), values.get("maxlen2", 0))
     too_small = values.get("batch_size", longest) < longest
     if values.get("batch_type") == "tokens" and too_small and flags is None:

@@ -264,9 +264,6 @@ def test_sampling_from_the_one_most_probable_token_is_greedy(trained):
     np.testing.assert_allclose(log_probs, greedy_log_probs, rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="sampling_topk 1 with another sampling option samples "
-                   "from the whole vocabulary; --sampling_topk's help and CTranslate2 say 1 is "
-                   "greedy decoding")
 def test_sampling_topk_1_is_greedy_whatever_the_temperature(untrained):
     """--sampling_topk 1 is 'no sampling, take the most probable' (hparams.py's help; in
     CTranslate2 sampling_topk 1 is greedy search whatever sampling_temperature says: its

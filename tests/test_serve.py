@@ -756,6 +756,7 @@ def test_repetition_penalty_changes_a_repetitive_output(server, tiny_model):
     ({"q": [SENTENCE, SENTENCE], "prefix": ["a"]}, "a list of 2 strings"),
     ({"q": [SENTENCE, SENTENCE], "prefix": 3}, "prefix must be a string"),
     ({"sampling_topk": 3}, "sampling_topk samples one hypothesis at a time: it needs a beam of 1"),
+    ({"sampling_temperature": 2.0}, "sampling_temperature shapes the draws of sampling, which sampling_topk 1 turns off"),
 ])
 def test_a_bad_decoding_option_is_a_400_naming_the_field(server, fields, message):
     status, answer = ask(server, **fields)

@@ -124,11 +124,16 @@ class Service:
         given = {name: read_option(fields, name, getattr(self.settings, name))
                  for name in REQUEST_OPTIONS if name in fields and name != "min_confidence"}
         settings = dataclasses.replace(self.settings, **given)
+        shaping = [option for option in ("sampling_topp", "sampling_temperature")
+                   if settings.uses(option)]
+        if shaping and not settings.samples():
+            raise ApiError(400, "Invalid request: %s shapes the draws of sampling, which "
+                                "sampling_topk 1 turns off: send sampling_topk K (0: every "
+                                "token) too" % shaping[0])
         if settings.samples() and settings.beam_size > 1:
-            raise ApiError(400, "Invalid request: %s samples one hypothesis at a time: it needs a "
-                                "beam of 1, and this server decodes with --beam_size %d"
-                           % (next(option for option in decoding.SAMPLING_OPTIONS
-                                   if settings.uses(option)), settings.beam_size))
+            raise ApiError(400, "Invalid request: sampling_topk samples one hypothesis at a "
+                                "time: it needs a beam of 1, and this server decodes with "
+                                "--beam_size %d" % settings.beam_size)
         if settings.samples():
             return settings, alternatives + 1
         if alternatives < settings.beam_size:

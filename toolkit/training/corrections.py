@@ -28,6 +28,7 @@ import tensorflow as tf
 from data_load import eval_order, get_batch
 from decoding import DecodingSettings, translate
 from fast import build_transformer
+from hparams import Hparams
 from model import ModelConfig
 from toolkit.base import machine
 from toolkit.base.errors import UserError
@@ -49,6 +50,8 @@ RESULTS_NAME = "corrections.json"
 REJECTED_EXIT_CODE = 3
 #: The flags that only mean something with --suggestions.
 SUGGESTION_FLAGS = ("suggestions_heldout", "replay_ratio", "max_dev_drop")
+#: Their defaults, which a run without --suggestions records.
+SUGGESTION_DEFAULTS = {flag: Hparams().parser.get_default(flag) for flag in SUGGESTION_FLAGS}
 #: prepro.py's --max_ratio default: the length ratio above which build.py reports a pair.
 MAX_RATIO = 9.0
 #: The splits judge() scores, and what they are called in its summary.
@@ -71,7 +74,9 @@ def check_flags(given, distribute, resumed=None):
                         "--suggestions %s" % (resumed, "fine-tuned on --suggestions %s" % recorded
                                               if recorded else "not one on suggestions", wanted))
     if not (wanted or recorded):
-        extra = [flag for flag in SUGGESTION_FLAGS if flag in given]
+        # another run's hparams.json (--config) holds their defaults
+        extra = [flag for flag in SUGGESTION_FLAGS
+                 if given.get(flag, SUGGESTION_DEFAULTS[flag]) != SUGGESTION_DEFAULTS[flag]]
         if extra:
             raise UserError("--%s is for a fine-tune on suggestions: give --suggestions DB "
                             "--init_from RUN, or leave it out" % extra[0])
