@@ -156,6 +156,12 @@ def test_no_option(engines, beam):
     compare(engines, settings(beam))
 
 
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_beam_under_other_length_penalties(engines, alpha):
+    """0: CTranslate2's early exit; 1: longer hypotheses, ranked by our length penalty."""
+    compare(engines, dataclasses.replace(settings(4), alpha=alpha))
+
+
 @pytest.mark.parametrize("beam", BEAMS)
 def test_prefix(engines, beam):
     """The prefix is output, and counted as ours counts it (in the limit and the scores)."""

@@ -254,14 +254,15 @@ class CTranslate2Translator:
     and the </s> our decoder adds at the limit, renormalize the distribution over the tokens left
     once some are banned, and divide by length ^ alpha instead of decoding.length_penalty. So the
     model's log p(ids) (</s> included) is taken from a scoring pass over the translations
-    (score_batch: one teacher-forced decoder pass, much cheaper than the step-by-step search), and
-    the scores are log p / length_penalty(tokens with </s>, alpha) as in decoding.search (but
-    under repetition_penalty, whose scores there are of the penalized log-probabilities).
+    (score_batch: a teacher-forced decoder pass, which on a model of the default size takes about
+    as long as greedy decoding), and the scores are log p / length_penalty(tokens with </s>,
+    alpha) as in decoding.search (but under repetition_penalty, whose scores there are of the
+    penalized log-probabilities).
 
     What comes out as ours does (tests/test_ctranslate2.py), on a batch of one limit: greedy
     decoding under every option but sampling (its generator is CTranslate2's own); beam search
     with a prefix or sampling_topk 1, the best translation, its finished hypotheses ranked by our
-    length penalty (engine_options, best_finished). Beam search under a minimum length or n-gram
+    length penalty (engine_options, best_scored). Beam search under a minimum length or n-gram
     blocking may not: CTranslate2 bans tokens before its log-softmax, so the tokens left of a
     hypothesis share the banned ones' probability and hypotheses rank otherwise across a beam.
     """
@@ -342,10 +343,32 @@ class CTranslate2Translator:
         hypotheses = [[self.ids(tokens) for tokens in result.hypotheses] for result in found]
         if settings.beam_size > 1:
             prefix_log_probs = self.prefix_log_probs(sources, prefixes, settings.alpha)
-            hypotheses = [best_finished(ids, result.scores, prefix, settings.alpha, n)
-                          for ids, result, prefix in zip(hypotheses, found, prefix_log_probs)]
-        log_probs = self.log_probs(sources, hypotheses)
+            bounds = [upper_bounds(ids, result.scores, prefix, settings.alpha)
+                      for ids, result, prefix in zip(hypotheses, found, prefix_log_probs)]
+            hypotheses, log_probs = self.best_scored(sources, hypotheses, bounds, settings, n)
+        else:
+            log_probs = self.log_probs(sources, hypotheses)
         return [self.ranked(ids, lp, settings.alpha, n) for ids, lp in zip(hypotheses, log_probs)]
+
+    def best_scored(self, sources, hypotheses, bounds, settings, n):
+        """The hypotheses of each source's beam that the scoring pass ranked, with their log p
+        (two lists per source): those that hold its n best by our score, scored in rounds in the
+        order of their upper bounds (bounds: per source an array in the layout of hypotheses)
+        until the n-th best score found beats the bound of every hypothesis left."""
+        order = [list(np.argsort(-b, kind="stable")) for b in bounds]
+        exact = [{} for _ in sources]  # per source: hypothesis index -> log p
+        pending = list(range(len(sources)))
+        while pending:
+            rows = {i: order[i][len(exact[i]):len(exact[i]) + max(n, settings.beam_size)]
+                    for i in pending}
+            found = self.log_probs([sources[i] for i in pending],
+                                   [[hypotheses[i][j] for j in rows[i]] for i in pending])
+            for i, values in zip(pending, found):
+                exact[i].update(zip(rows[i], values))
+            pending = [i for i in pending if not settled(
+                hypotheses[i], exact[i], bounds[i][order[i][len(exact[i]):]], settings.alpha, n)]
+        return ([[hypotheses[i][j] for j in scored] for i, scored in enumerate(exact)],
+                [list(scored.values()) for scored in exact])
 
     def prefix_log_probs(self, sources, prefixes, alpha):
         """Per source the model's log p of its prefix (CTranslate2's scores leave it out), which
@@ -397,7 +420,7 @@ def engine_options(settings, n, max_steps):
     decoding.DecodingSettings) but the lengths, n translations per source: sampling, n-gram
     blocking, the repetition penalty (CTranslate2's own definition, decoding.penalize_repetitions),
     and a beam search that keeps every finished hypothesis, for run to rank by our own length
-    penalty (best_finished).
+    penalty (CTranslate2Translator.best_scored).
 
     Our beam search stops once no live hypothesis can beat the best finished one by the time it
     reaches the limit; CTranslate2's once it has found beam_size * patience hypotheses, ranked by
@@ -405,7 +428,8 @@ def engine_options(settings, n, max_steps):
     hypothesis can beat the best finished one (CTranslate2's early exit, its length penalty 0),
     so its beam_size hypotheses hold our best; otherwise its patience is max_steps, so that it
     keeps every hypothesis that finishes before the limit (at most beam_size a step), and ours
-    are among them."""
+    are among them: every beam runs to the limit, about twice as long as CTranslate2's own rule
+    (a model of the default size, random weights, int8)."""
     options = {"beam_size": settings.beam_size, "length_penalty": 0.0, "num_hypotheses": n,
                "no_repeat_ngram_size": settings.no_repeat_ngram_size,
                "repetition_penalty": settings.repetition_penalty}
@@ -413,23 +437,32 @@ def engine_options(settings, n, max_steps):
         patience = 1 if settings.alpha == 0 else max_steps
         options.update(patience=patience, num_hypotheses=settings.beam_size * patience)
     if settings.samples():
-        # our sampling_topk 1 means no top-k (CTranslate2's 1 is greedy decoding), 0 the whole
-        # vocabulary as in CTranslate2
+        # 0 is the whole vocabulary, as in CTranslate2 (whose 1 would not draw)
         options.update(sampling_topk=settings.sampling_topk if settings.sampling_topk > 1 else 0,
                        sampling_topp=settings.sampling_topp,
                        sampling_temperature=settings.sampling_temperature)
     return options
 
 
-def best_finished(hypotheses, scores, prefix_log_prob, alpha, n):
-    """The n best of a beam's finished hypotheses (id lists ending in </s>) by (log p + the
-    prefix's log p) / length_penalty (decoding.length_penalty, </s> counted). scores: CTranslate2's
-    under its length penalty 0, the sum of the log-probabilities its search chose from (its prefix
-    left out)."""
-    lengths = np.array([len(ids) for ids in hypotheses], np.float32)
-    ranking = (np.array(scores, np.float32) + prefix_log_prob) / np.power((5.0 + lengths) / 6.0,
-                                                                          alpha)
-    return [hypotheses[i] for i in np.argsort(-ranking, kind="stable")[:n]]
+def upper_bounds(hypotheses, scores, prefix_log_prob, alpha):
+    """Bounds of our scores, log p / length_penalty (decoding.length_penalty, </s> counted), of a
+    beam's hypotheses (id lists ending in </s>): (N,) float64. scores: CTranslate2's under its
+    length penalty 0, the sum of the log-probabilities its search chose from (the prefix's left
+    out, and given: prefix_log_prob). They are at least the model's: renormalized over all but
+    <pad> and <s>, and without the </s> run adds at the limit."""
+    lengths = np.array([len(ids) for ids in hypotheses], np.float64)
+    return (np.array(scores, np.float64) + prefix_log_prob) / np.power((5.0 + lengths) / 6.0,
+                                                                       alpha)
+
+
+def settled(hypotheses, exact, bounds_left, alpha, n):
+    """Whether a beam's n best scores are found: exact ({index: log p} of the hypotheses scored)
+    holds n whose score is at least every bound left (bounds_left, of those not scored)."""
+    if not len(bounds_left):
+        return True
+    scores = sorted((log_p / np.power((5.0 + len(hypotheses[i])) / 6.0, alpha)
+                     for i, log_p in exact.items()), reverse=True)
+    return len(scores) >= n and scores[n - 1] >= bounds_left.max()
 
 
 def min_length_groups(sources, settings):
