@@ -24,13 +24,25 @@ Endpoints (docs/serving.md has every field and error):
     POST /detect     the languages langdetect finds in q, most likely first
     POST /translate_file  a .txt or .html file (multipart: file, source, target, api_key): answers
                      translatedFileUrl, its translation at GET /download_file/KEY
-    GET  /frontend/settings  LibreTranslate's settings (charLimit, keyRequired, ...)
+    POST /suggest    LibreTranslate's: q, s (a better translation), source, target, api_key;
+                     with --suggestions DB, stored with the model and its translation of q (the
+                     translation field, what the page showed, or q translated now); {"success":
+                     true} once committed, a 403 without --suggestions
+    POST /admin/reload  logdir, api_key (needs --api_key): loads the logdir's newest checkpoint
+                     in the background and serves it from the next batch on; SIGHUP does the same
+                     with the logdir of --reload_file (or the served one's newest checkpoint)
+    GET  /frontend/settings  LibreTranslate's settings (charLimit, keyRequired, suggestions, ...)
     GET  /languages  the model's two languages
     GET  /           the page: a text box, the translation, its n-best with scores and its
                      attention heat map
 CORS headers answer the origins of --cors_origins (any by default), a preflight too.
+With --memory DB, a q item of /translate found in the translation memory (its normalised text, for
+the request's languages) is answered from it, and "memory" says which items were (true/false per
+item, shaped as translatedText); `python -m toolkit.serving.suggestions` imports pairs and accepts
+suggestions into it, read afresh on every request.
 Fields come as JSON or as a form. Errors answer {"error": "..."}: 400 bad request, 403 wrong
-api_key, 429 queue full, 504 past --timeout, 500 a failure of the server itself.
+api_key (or /suggest without --suggestions), 429 queue full, 503 the database busy past its wait,
+504 past --timeout, 500 a failure of the server itself.
 
 Text is translated line by line, each line sentence by sentence (spaCy's sentencizer; the spacing
 kept), each as translate.py translates a line; --no_split translates a line whole, as translate.py
@@ -118,8 +130,20 @@ def build_parser():
         "origins whose browser pages may call the API (CORS), comma-separated; * (default) allows "
         "any, an empty value none (pages of the server's own origin only)"))
     group.add_argument("--api_key", default="",
-                       help="if given, /translate and /detect need this api_key field (403 "
-                            "without it); the page sends the one in its address, /?api_key=KEY")
+                       help="if given, /translate, /detect and /suggest need this api_key field "
+                            "(403 without it), and POST /admin/reload is allowed with it; the "
+                            "page sends the one in its address, /?api_key=KEY")
+    group.add_argument("--suggestions", default="", metavar="DB", help=(
+        "a SQLite file (created if new) that keeps what users suggest through POST /suggest "
+        "(LibreTranslate's), with the model and its translation; without it /suggest is a 403"))
+    group.add_argument("--memory", default="", metavar="DB", help=(
+        "a SQLite file (may be --suggestions' own) whose translation memory answers a q item "
+        "that matches a pair exactly (spacing aside) instead of the model; fed by `python -m "
+        "toolkit.serving.suggestions import|accept`, read afresh on every request"))
+    group.add_argument("--reload_file", default="", metavar="FILE", help=(
+        "on SIGHUP, serve the logdir named on this file's first line (loaded in the "
+        "background, swapped in between batches); without it, or while the file is absent, "
+        "SIGHUP reloads the served logdir's newest checkpoint"))
     return parser
 
 
@@ -149,11 +173,11 @@ async def translate_handler(request):
     min_confidence, prefixes = service.min_confidence(fields), service.prefixes(fields, items)
     detections = await service.off_loop(service.detect_source, items) \
         if fields.get("source") == "auto" else None
-    entries, maps, request["sentences"] = await service.translate_texts(
+    entries, maps, request["sentences"], memory = await service.answer_items(
         items, fmt, attention, settings, n, prefixes)
     return web.json_response(translation_body(fields, entries, alternatives,
                                               maps if attention else None, detections,
-                                              min_confidence))
+                                              min_confidence, memory))
 
 
 async def translate_file_handler(request):
@@ -168,6 +192,34 @@ async def translate_file_handler(request):
     key = request.app["files"].add(entries[0][0][0].encode("utf-8"), name)
     return web.json_response({"translatedFileUrl": str(request.url.join(
         request.app.router["download"].url_for(key=key)))})
+
+
+async def suggest_handler(request):
+    service, fields = request.app["service"], await read_fields(request)
+    service.check_key(fields)
+    if service.suggestions is None:
+        raise ApiError(403, "Suggestions are disabled on this server.")  # LibreTranslate's words
+    q, s, _, _ = service.suggestion(fields)
+    await service.suggest(q, s, fields)  # committed before the answer
+    return web.json_response({"success": True})
+
+
+async def reload_handler(request):
+    service, fields = request.app["service"], await read_fields(request)
+    service.check_admin_key(fields)
+    logdir = fields.get("logdir")
+    if not logdir or not isinstance(logdir, str):
+        raise ApiError(400, "Invalid request: missing logdir parameter (the logdir of the model "
+                            "to serve)")
+    old = service.batcher.model.name
+    try:
+        name = await service.reload(logdir)
+    except UserError as error:
+        raise ApiError(400, "Invalid request: cannot serve %s: %s; still serving %s"
+                       % (shown(logdir, 200), error, old)) from None
+    print("serve.py: now serving %s (POST /admin/reload)" % escaped(name), file=sys.stderr,
+          flush=True)
+    return web.json_response({"success": True, "model": name})
 
 
 async def download_handler(request):
@@ -234,6 +286,8 @@ ROUTES = (("POST", "/translate", translate_handler, None),
           ("GET", "/download_file/{key}", download_handler, "download"),
           ("GET", "/frontend/settings", settings_handler, None),
           ("POST", "/detect", detect_handler, None),
+          ("POST", "/suggest", suggest_handler, None),
+          ("POST", "/admin/reload", reload_handler, None),
           ("GET", "/languages", languages_handler, None),
           ("GET", "/", page_handler, None))
 
@@ -266,17 +320,54 @@ async def serve(service, args):
     stop, loop = asyncio.Event(), asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    reloads = set()  # the SIGHUP reloads running: kept referenced until done
+    loop.add_signal_handler(signal.SIGHUP, lambda: start_reload(service, args, reloads))
     host, port = runner.addresses[0][:2]
     print("serve.py: serving %s -> %s on http://%s:%d"
           % (service.source_lang, service.target_lang, host, port), file=sys.stderr, flush=True)
     await stop.wait()
     print("serve.py: stopping: answering the requests already in", file=sys.stderr, flush=True)
     await runner.cleanup()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(signum)
 
 
+def start_reload(service, args, reloads):
+    """SIGHUP: reloads the model in the background (reload_on_signal)."""
+    task = asyncio.ensure_future(reload_on_signal(service, args))
+    reloads.add(task)
+    task.add_done_callback(reloads.discard)
+
+
+async def reload_on_signal(service, args):
+    """Swaps in the logdir that --reload_file names (its first line), or without that file the
+    newest checkpoint of the logdir served now; one line says what is served, or why not."""
+    logdir = service.logdir
+    try:
+        if args.reload_file and os.path.exists(args.reload_file):
+            logdir = reload_path(args.reload_file)
+        name = await service.reload(logdir)
+        line = "now serving %s (SIGHUP)" % name
+    except Exception as error:  # noqa: BLE001 (a bad model: one line, and the old one stays)
+        line = "SIGHUP: cannot serve %s: %s; still serving %s" % (
+            logdir, str(error).splitlines()[0] if str(error) else type(error).__name__,
+            service.batcher.model.name)
+    print("serve.py: %s" % escaped(line), file=sys.stderr, flush=True)
+
+
+def reload_path(path):
+    """The logdir that a --reload_file names: its first line, stripped."""
+    with open(path, encoding="utf-8") as lines:
+        logdir = lines.readline().strip()
+    if not logdir:
+        raise UserError("--reload_file %s names no logdir: write the logdir's path on its first "
+                        "line" % path)
+    return logdir
+
+
 def main(argv=None):
+    # until serve() handles it, a SIGHUP (a reload asked too early) must not end the server
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     runtime.start_graph_mode()
     hp, args = parse_args(argv)
     service = Service(hp, args)

@@ -1,10 +1,12 @@
 """serve.py's page in a real headless Chromium (Debian's chromium and chromium-driver, driven by selenium): a
 sentence typed and translated shows the server's translation, its n-best and an attention heat map with a cell per
-(target piece, source piece). Skipped when Chromium is missing, except in CI (CI=true), where scripts/test.sh
-installs it."""
+(target piece, source piece); on a server with --suggestions, the "suggest a better translation" control sends
+the edited translation to /suggest and the row lands in the database. Skipped when Chromium is missing, except in CI
+(CI=true), where scripts/test.sh installs it."""
 import json
 import os
 import shutil
+import sqlite3
 import sys
 import urllib.request
 
@@ -68,3 +70,44 @@ def test_the_page_shows_the_translation_nbest_and_attention(tiny_model, browser,
             entry["source"]
         assert len({cell.get_attribute("fill") for cell in cells}) > 1  # weights drawn, not a blank grid
     assert os.path.getsize(tmp_path / "serve_page.png") > 0
+
+
+def test_the_suggestion_control_stores_the_edited_translation(tiny_model, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    logdir, data_dir = tiny_model
+    database, key = str(tmp_path / "suggestions.db"), "k3y"
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir, "--suggestions", database,
+                             "--api_key", key]) as server:
+        browser.get(server.url + "?api_key=" + key)
+        WebDriverWait(browser, 60).until(lambda b: "German" in b.find_element(By.ID, "languages").text)
+        assert not browser.find_element(By.ID, "suggest-box").is_displayed()  # nothing translated yet
+        browser.find_element(By.ID, "source").send_keys(SENTENCE)
+        browser.find_element(By.ID, "translate").click()
+        WebDriverWait(browser, 120).until(lambda b: b.find_element(By.ID, "suggest-box").is_displayed())
+        shown = browser.find_element(By.ID, "translation").text
+        field = browser.find_element(By.ID, "suggestion")
+        assert field.get_attribute("value") == shown  # prefilled with the translation
+        field.clear()
+        field.send_keys("Today is the second of October, 2041.")
+        browser.find_element(By.ID, "suggest").click()
+        WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "suggest-status").text)
+        assert browser.find_element(By.ID, "suggest-status").text == "Thank you"
+    rows = sqlite3.connect(database).execute("SELECT q, s, source, target, translation, model FROM suggestions")
+    [(q, s, source, target, translation, model)] = rows.fetchall()
+    assert (q, s, source, target, translation) == (SENTENCE, "Today is the second of October, 2041.", "de", "en",
+                                                   shown)
+    assert model.startswith(logdir + "@")
+
+
+def test_the_suggestion_control_is_hidden_without_suggestions(tiny_model, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    logdir, data_dir = tiny_model
+    with bench_serve.Server(["--logdir", logdir, "--data_dir", data_dir]) as server:
+        browser.get(server.url)
+        WebDriverWait(browser, 60).until(lambda b: "German" in b.find_element(By.ID, "languages").text)
+        browser.find_element(By.ID, "source").send_keys(SENTENCE)
+        browser.find_element(By.ID, "translate").click()
+        WebDriverWait(browser, 120).until(lambda b: b.find_element(By.ID, "translation").text)
+        assert not browser.find_element(By.ID, "suggest-box").is_displayed()

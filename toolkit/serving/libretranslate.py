@@ -44,7 +44,7 @@ def frontend_settings(service):
         return {"code": code, "name": language_name(code)}
     return {"charLimit": service.args.char_limit, "frontendTimeout": 500,
             "apiKeys": bool(service.args.api_key), "keyRequired": bool(service.args.api_key),
-            "suggestions": False, "filesTranslation": True,
+            "suggestions": service.suggestions is not None, "filesTranslation": True,
             "supportedFilesFormat": sorted(FILE_FORMATS),
             "language": {"source": language(service.source_lang),
                          "target": language(service.target_lang)}}

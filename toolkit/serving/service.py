@@ -1,18 +1,23 @@
 """The model behind serve.py's API: its translator in a Batcher, its sentencepiece model and
 languages, the limits of a request, and how a request's fields become the model's inputs and its
-results the answer's fields. Every refusal is an ApiError with its HTTP status."""
+results the answer's fields; the suggestions and the translation memory (SQLite stores), and a new
+model loaded in the background and swapped in. Every refusal is an ApiError with its
+HTTP status."""
 import asyncio
 import concurrent.futures
 import dataclasses
 import functools
 import hmac
 import os
+import sqlite3
 
 from langdetect import DetectorFactory, detect_langs
 from langdetect.lang_detect_exception import LangDetectException
+import tensorflow as tf
 
 import decoding
-from hparams import RANGES
+from hparams import DECODING_OPTIONS, RANGES
+from toolkit.base.errors import UserError
 from toolkit.data import datadir
 from toolkit.translating import documents
 from toolkit.serving.batcher import ApiError, Batcher
@@ -21,7 +26,10 @@ from toolkit.serving.requests import in_range, real_number, whole_number
 from toolkit.base.ids import PAD_ID
 from toolkit.translating.sentences import (line_prefixes, prefix_ids, prepare,
                                            translation_entries)
-from toolkit.translating.trained_model import TrainedModel
+from toolkit.serving.suggestions import Store
+from toolkit.training.logdir import check_not_rejected
+from toolkit.translating.documents import Entry
+from toolkit.translating.trained_model import TrainedModel, trained_hparams
 from toolkit.translating.translator import Translator, ctranslate2_translator
 
 
@@ -35,7 +43,12 @@ class Service:
     limits, and the threads of the requests' CPU work."""
 
     def __init__(self, hp, args):
-        translator, self.sp, recorded = open_translator(hp, args.engine, args.model)
+        # the databases first: a corrupt or locked one is one line before the model loads
+        self.suggestions, self.memory = open_stores(args)
+        translator, self.sp, recorded, name, self.vocabulary = open_translator(
+            hp, args.engine, args.model)
+        # the logdir served now (SIGHUP reloads it); none on the ctranslate2 engine
+        self.hp, self.logdir = hp, getattr(hp, "logdir", "")
         # the languages prepro.py recorded (--src_lang, --tgt_lang), or its defaults
         self.source_lang, self.target_lang = datadir.languages(recorded)
         self.engine = args.engine
@@ -49,16 +62,21 @@ class Service:
         # a request for more alternatives than the flags' beam has decodes under a wider beam
         self.most_alternatives = max(args.max_alternatives, hp.beam_size - 1)
         self.batcher = Batcher(translator, hp.test_batch_size, args.batch_wait_ms / 1000,
-                               args.queue_size, args.timeout)
+                               args.queue_size, args.timeout, name)
         self.cpu = concurrent.futures.ThreadPoolExecutor(CPU_THREADS, "requests")
+        # one model loaded at a time, beside the requests' threads
+        self.loader = concurrent.futures.ThreadPoolExecutor(1, "reload")
         warm_up()
         if self.split:
             self.split("Loads the sentencizer now. Not in the first request.")
 
     def close(self):
         self.cpu.shutdown()
+        self.loader.shutdown()
         self.batcher.stop()
         self.batcher.translator.close()
+        for store in {self.suggestions, self.memory} - {None}:
+            store.close()
 
     def check_key(self, fields):
         given = fields.get("api_key", "")
@@ -68,6 +86,13 @@ class Service:
                 given.encode("utf-8", "surrogatepass"), self.key)):
             raise ApiError(403, "Invalid API key: pass the api_key field this server was started "
                                 "with")
+
+    def check_admin_key(self, fields):
+        """The admin requests need --api_key (a 403 without it) and the right api_key."""
+        if not self.key:
+            raise ApiError(403, "Admin requests are disabled: start serve.py with --api_key to "
+                                "allow them")
+        self.check_key(fields)
 
     def items(self, fields):
         """The q items of a request (a list of strings), checked against the limits."""
@@ -85,14 +110,90 @@ class Service:
                            % (chars, self.args.char_limit))
         return items
 
-    def check_languages(self, fields):
+    def check_languages(self, fields, auto=True):
+        """A 400 unless source is the model's source language (or auto, when allowed) and target
+        its target language."""
         source, target = fields.get("source"), fields.get("target")
-        if source not in (self.source_lang, "auto"):
-            raise ApiError(400, "%s is not supported: this model translates from %s (or pass auto)"
-                                % (language_field("source", source), self.source_lang))
+        if source not in (self.source_lang, "auto" if auto else self.source_lang):
+            raise ApiError(400, "%s is not supported: this model translates from %s%s"
+                                % (language_field("source", source), self.source_lang,
+                                   " (or pass auto)" if auto else ""))
         if target != self.target_lang:
             raise ApiError(400, "%s is not supported: this model translates into %s"
                                 % (language_field("target", target), self.target_lang))
+
+    def suggestion(self, fields):
+        """(q, s, source, target) of a /suggest request: each a string given, in LibreTranslate's
+        order (its message for a missing one), q and s within --char_limit, and the languages
+        of the model."""
+        for name in ("q", "s", "source", "target"):
+            if not fields.get(name):
+                raise ApiError(400, "Invalid request: missing %s parameter" % name)
+            if not isinstance(fields[name], str):
+                raise ApiError(400, "Invalid request: %s must be a string" % name)
+        for name in ("q", "s"):
+            if len(fields[name]) > self.args.char_limit:
+                raise ApiError(400, "Invalid request: %s has %d characters, more than this "
+                                    "server's limit of %d (--char_limit): send less text"
+                               % (name, len(fields[name]), self.args.char_limit))
+        self.check_languages(fields, auto=False)
+        return fields["q"], fields["s"], fields["source"], fields["target"]
+
+    async def suggest(self, q, s, fields):
+        """Stores the suggestion s for q, with the model serving now and its translation of q:
+        the request's translation field (what the page showed), else the model's now."""
+        shown_text = fields.get("translation")
+        if isinstance(shown_text, str):
+            translation, model = shown_text, self.batcher.model.name
+        else:
+            translation, model = await self.model_translation(q)
+        await self.off_loop(stored, self.suggestions.suggest, q, s, self.source_lang,
+                            self.target_lang, model, translation)
+
+    async def model_translation(self, q):
+        """(translation, model name): q translated as /translate translates it with the server's
+        settings, and the name of the model that did."""
+        documents, parts, _, _ = await self.off_loop(self.prepare, [q], "text")
+        sources = [source for segment in parts[0] for source in segment]
+        results, model = await self.batcher.translate_named(sources, False)
+        entries, _ = read_results(documents, parts, results, self.sp)
+        return entries[0][0].text, model
+
+    async def recall(self, items, fmt, prefixes):
+        """Per q item the memory's translation, or None: for format text and an item without a
+        prefix, with --memory; all None otherwise."""
+        if self.memory is None or fmt != "text":
+            return [None] * len(items)
+        return await self.off_loop(stored, lambda: [
+            None if prefix else self.memory.recall(item, self.source_lang, self.target_lang)
+            for item, prefix in zip(items, prefixes)])
+
+    async def reload(self, logdir):
+        """Loads the newest checkpoint of logdir in the background and serves it from the next
+        batch on; returns its name. A UserError says why it cannot be, and the model stays."""
+        translator, name = await asyncio.get_running_loop().run_in_executor(
+            self.loader, self.load, logdir)
+        self.batcher.swap(translator, name)
+        self.logdir = logdir
+        return name
+
+    def load(self, logdir):
+        """(translator, name) of logdir's newest checkpoint, in a graph and session of its own,
+        decoded as the served model is; a UserError for a logdir marked rejected, of another
+        vocabulary, direction or --maxlen1, or on the ctranslate2 engine."""
+        if self.engine != "tensorflow":
+            raise UserError("the ctranslate2 engine cannot swap its model: restart serve.py with "
+                            "the new --model")
+        if not os.path.isdir(logdir):
+            raise UserError("%s is not a directory: pass the logdir of a trained model" % logdir)
+        check_not_rejected(logdir)
+        carried = {flag: getattr(self.hp, flag) for flag in CARRIED_FLAGS
+                   if hasattr(self.hp, flag)}
+        trained = TrainedModel(trained_hparams(logdir, carried))
+        check_same_model(trained, self.vocabulary, self.limit + 1, self.logdir)
+        with tf.Graph().as_default():
+            translator = Translator(trained, trained.hp.beam_size, with_attention=True)
+        return translator, model_name(trained)
 
     async def off_loop(self, function, *args):
         """function(*args) run in one of the CPU_THREADS, so that the event loop answers other
@@ -171,6 +272,20 @@ class Service:
                                   self.source_lang))
         return detections
 
+    async def answer_items(self, items, fmt, attention, settings, n, prefixes):
+        """(entries, maps, count, memory): translate_texts' of the q items that the memory does
+        not answer, the memory's pair for the others (memory_entry); memory: per item whether
+        the memory answered it, None without --memory."""
+        recalled = await self.recall(items, fmt, prefixes)
+        todo = [i for i, found in enumerate(recalled) if found is None]
+        entries, maps, count = await self.translate_texts(
+            [items[i] for i in todo], fmt, attention, settings, n, [prefixes[i] for i in todo])
+        translated = dict(zip(todo, entries))
+        merged = [translated[i] if found is None else memory_entry(found)
+                  for i, found in enumerate(recalled)]
+        flags = None if self.memory is None else [found is not None for found in recalled]
+        return merged, maps, count, flags
+
     async def translate_texts(self, texts, fmt, attention=False, settings=None, n=None,
                               prefixes=None):
         """Per text (a q item in format fmt) its n-best entries [Entry], the attention entries
@@ -203,15 +318,75 @@ class Service:
         return documents, parts, count, source_prefixes
 
 
+#: The flags of the served model that a model swapped in is decoded with too.
+CARRIED_FLAGS = ("test_batch_size", "beam_size", "alpha", "max_len_a", "max_len_b", "threads",
+                 "precision") + tuple(option for option in DECODING_OPTIONS
+                                      if option != "ensemble")
+
+
 def open_translator(hp, engine, model_dir):
-    """(translator, sentencepiece model, the dict of src_lang / tgt_lang) of the engine: the
-    checkpoint of hp, or the CTranslate2 export in model_dir."""
+    """(translator, sentencepiece model, the dict of src_lang / tgt_lang, the model's name, its
+    vocabulary's datadir.fingerprint or None) of the engine: the checkpoint of hp, or the
+    CTranslate2 export in model_dir."""
     if engine == "ctranslate2":
         translator = ctranslate2_translator(model_dir, hp, hp.beam_size)
-        return translator, translator.sp, vars(hp)
+        return translator, translator.sp, vars(hp), model_dir, None
     trained = TrainedModel(hp, hp.ckpt)
     translator = Translator(trained, hp.beam_size, with_attention=True)
-    return translator, trained.sentencepiece(), trained.manifest
+    return (translator, trained.sentencepiece(), trained.manifest, model_name(trained),
+            datadir.fingerprint(hp.data_dir, trained.manifest))
+
+
+def model_name(trained):
+    """LOGDIR@CHECKPOINT of a TrainedModel: what a stored suggestion records."""
+    return "%s@%s" % (trained.hp.logdir, os.path.basename(trained.ckpt))
+
+
+def check_same_model(trained, vocabulary, maxlen1, served):
+    """A UserError unless the TrainedModel reads the served model's ids (its sentencepiece model
+    and vocabulary size, vocabulary: the served one's fingerprint), translates its direction and
+    takes sources of its --maxlen1: a swap keeps the server's segmentation, its languages
+    and its limits."""
+    found = datadir.fingerprint(trained.hp.data_dir, trained.manifest)
+    logdir = trained.hp.logdir
+    if (found["src_lang"], found["tgt_lang"]) != (vocabulary["src_lang"], vocabulary["tgt_lang"]):
+        raise UserError("%s translates %s->%s, and this server %s->%s: serve it with another "
+                        "serve.py" % (logdir, found["src_lang"], found["tgt_lang"],
+                                      vocabulary["src_lang"], vocabulary["tgt_lang"]))
+    for key, what in (("bpe_sha256", "sentencepiece model"), ("vocab_size", "vocabulary size")):
+        if found[key] != vocabulary[key]:
+            raise UserError("%s reads another %s than the served model (%s): swap in a model "
+                            "trained on its vocabulary (train.py --init_from)"
+                            % (logdir, what, served))
+    if trained.hp.maxlen1 < maxlen1:  # the server cuts sources at the served model's length
+        raise UserError("%s takes sources of --maxlen1 %d, shorter than the served model's %d: "
+                        "swap in a model of at least its --maxlen1"
+                        % (logdir, trained.hp.maxlen1, maxlen1))
+
+
+def open_stores(args):
+    """(suggestions, memory): the Stores of --suggestions and --memory (one when they name the
+    same file), None for a flag not given; a UserError when one cannot be used."""
+    suggestions = Store(args.suggestions) if args.suggestions else None
+    if args.memory and suggestions and os.path.abspath(args.memory) == os.path.abspath(
+            args.suggestions):
+        return suggestions, suggestions
+    return suggestions, Store(args.memory) if args.memory else None
+
+
+def stored(function, *args):
+    """function(*args), a call of a Store: a database that cannot be read or written now (locked
+    past its busy timeout, a full disk) is a 503, not the server's failure."""
+    try:
+        return function(*args)
+    except sqlite3.Error as error:
+        raise ApiError(503, "the suggestions database cannot be used now (%s): try again "
+                            "shortly" % error) from None
+
+
+def memory_entry(text):
+    """The n-best of an item the memory answers: its pair alone, of confidence 1."""
+    return [Entry(text, 0.0, 1.0, 0.0, 0)]
 
 
 def language_field(name, value):
@@ -258,10 +433,12 @@ def attention_entry(source, ids, weights, sp):
                                :len(source)].mean(0).astype(float).round(4).tolist()}
 
 
-def translation_body(fields, entries, alternatives, maps, detections, min_confidence=0.0):
+def translation_body(fields, entries, alternatives, maps, detections, min_confidence=0.0,
+                     memory=None):
     """The answer of /translate: per q item its n-best entries [Entry], best first, shaped as q
     was, with its confidence (4 decimals); an entry below min_confidence is left out, the best
-    one's translatedText "". detections: per item the language detected (source auto), or None."""
+    one's translatedText "". detections: per item the language detected (source auto), or None;
+    memory: per item whether the memory answered it (with --memory), or None."""
     one = isinstance(fields["q"], str)
     shape = (lambda values: values[0]) if one else (lambda values: values)
     kept = [[entry for entry in document if entry.confidence >= min_confidence]
@@ -275,6 +452,8 @@ def translation_body(fields, entries, alternatives, maps, detections, min_confid
                                       [:alternatives] for document, full in zip(kept, entries)])
     if detections is not None:
         body["detectedLanguage"] = shape(detections)
+    if memory is not None:
+        body["memory"] = shape(memory)
     if maps is not None:
         body["nbest"] = [{"text": entry.text, "score": round(entry.score, 4),
                           "confidence": round(entry.confidence, 4)} for entry in kept[0]]
