@@ -367,6 +367,17 @@ def test_one_log_line_per_request(server):
     assert server.stderr().splitlines()[-1].startswith("POST /translate 200 3 sentences ")  # LONG is 2
 
 
+def test_admin_reload_swaps_the_checkpoint_in_and_the_ctranslate2_engine_refuses_in_one_line(server, client, nbest,
+                                                                                             tiny_model):
+    status, answer = post(server, "admin/reload", {"logdir": tiny_model[0]})
+    if server.engine == "ctranslate2":
+        assert status == 400 and "the ctranslate2 engine cannot swap its model" in answer["error"]
+    else:
+        assert status == 200 and answer["model"].startswith(tiny_model[0] + "@")
+    assert client.translate(SENTENCE, "de", "en") == nbest[0][0]  # the same weights, or the old model
+    assert post(server, "admin/reload", {"logdir": tiny_model[0]}, key="wrong")[0] == 403
+
+
 # ---------------------------------------------------------------- the front door
 def send(server, raw, timeout=30, drop=False):
     """Sends raw bytes (a whole HTTP request, or its start when drop) on a new connection; (status

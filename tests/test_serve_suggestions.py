@@ -210,6 +210,9 @@ def test_the_memory_answers_a_normalised_match_and_the_model_the_rest(server, da
     single = translated(server, q)
     assert (single["translatedText"], single["memory"]) == ("He counts to eleven.", True)
     # another direction's pair, or a prefix, leaves the item to the model
+    Store(database).remember(other, "Aujourd'hui c'est le premier mai.", "de", "fr")
+    assert translated(server, other) == {"translatedText": model_answer["translatedText"][1],
+                                         "confidence": model_answer["confidence"][1], "memory": False}
     status, prefixed = post(server, "translate", {"q": q, "source": "de", "target": "en", "prefix": "He"})
     assert status == 200 and prefixed["memory"] is False
 
