@@ -66,7 +66,7 @@ from aiohttp import web
 
 from hparams import DECODING_FLAGS, Hparams, parse_flags
 from toolkit.serving.batcher import ApiError
-from toolkit.base.errors import UserError
+from toolkit.base.errors import UserError, error_line
 from toolkit.base.cli import run_cli
 from toolkit.serving.requests import (ApiRunner, check_flags, connection_logger, escaped,
                                       expect_handler, read_fields, shown)
@@ -214,9 +214,12 @@ async def reload_handler(request):
     old = service.batcher.model.name
     try:
         name = await service.reload(logdir)
-    except UserError as error:
+    except Exception as error:  # noqa: BLE001 (a logdir the user can fix is a 400, a bug a 500)
+        line = error_line(error)
+        if line is None:
+            raise
         raise ApiError(400, "Invalid request: cannot serve %s: %s; still serving %s"
-                       % (shown(logdir, 200), error, old)) from None
+                       % (shown(logdir, 200), line, old)) from None
     print("serve.py: now serving %s (POST /admin/reload)" % escaped(name), file=sys.stderr,
           flush=True)
     return web.json_response({"success": True, "model": name})
@@ -349,9 +352,12 @@ async def reload_on_signal(service, args):
         name = await service.reload(logdir)
         line = "now serving %s (SIGHUP)" % name
     except Exception as error:  # noqa: BLE001 (a bad model: one line, and the old one stays)
-        line = "SIGHUP: cannot serve %s: %s; still serving %s" % (
-            logdir, str(error).splitlines()[0] if str(error) else type(error).__name__,
-            service.batcher.model.name)
+        reason = error_line(error)
+        if reason is None:  # a bug: its traceback too
+            traceback.print_exc()
+            reason = type(error).__name__
+        line = "SIGHUP: cannot serve %s: %s; still serving %s" % (logdir, reason,
+                                                                   service.batcher.model.name)
     print("serve.py: %s" % escaped(line), file=sys.stderr, flush=True)
 
 

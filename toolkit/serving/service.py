@@ -40,7 +40,8 @@ CPU_THREADS = 2
 
 class Service:
     """The model behind the server (its translator in a Batcher, sentencepiece, languages), the
-    limits, and the threads of the requests' CPU work."""
+    limits, the threads of the requests' CPU work, the Stores of --suggestions and --memory, and
+    the thread that loads a model to swap in."""
 
     def __init__(self, hp, args):
         # the databases first: a corrupt or locked one is one line before the model loads
