@@ -279,23 +279,27 @@ class StepRules:
     def log_probs(self, logits, history, step, must_end):
         """logits: (B, V). history: (B, t) int32, the tokens output so far. must_end: (B,) bool.
         Returns the search's log-probabilities (B, V) and the model's (B, V) (decoding_log_probs),
-        both float32 and NEG_INF where impossible."""
+        both float32 and NEG_INF where impossible. The options change the logits, as
+        CTranslate2's do: the search's distribution is renormalized over the tokens they leave
+        (and without <pad> and <s>, which are never output)."""
         settings, vocab_size = self.settings, logits.shape[-1]
         logits = tf.cast(logits, tf.float32)
         model = decoding_log_probs(logits, must_end)
         search = model
         if settings.uses("repetition_penalty"):
-            search = decoding_log_probs(
-                penalize_repetitions(logits, history, settings.repetition_penalty), must_end)
-        is_eos = tf.equal(tf.range(vocab_size), EOS_ID)[None, :]  # (1, V)
+            logits = penalize_repetitions(logits, history, settings.repetition_penalty)
         bans = []
         if self.min_lengths is not None:  # the last step's </s> wins over the minimum
             too_short = tf.logical_and(step < self.min_lengths, tf.logical_not(must_end))
+            is_eos = tf.equal(tf.range(vocab_size), EOS_ID)[None, :]  # (1, V)
             bans.append(tf.logical_and(too_short[:, None], is_eos))
         if settings.no_repeat_ngram_size:
             bans.append(repeated_ngram_bans(history, settings.no_repeat_ngram_size, vocab_size))
-        if bans:
-            search = tf.where(tf.reduce_any(tf.stack(bans), axis=0), NEG_INF, search)
+        if bans or settings.uses("repetition_penalty"):
+            banned = tf.constant(banned_outputs(vocab_size))[None, :]  # (1, V): <pad>, <s>
+            for ban in bans:
+                banned = tf.logical_or(banned, ban)  # (B, V)
+            search = decoding_log_probs(tf.where(banned, NEG_INF, logits), must_end)
         if self.prefix is not None:  # the prefix's token, at the model's log-probability
             forcing = step < tf.reduce_sum(tf.cast(tf.not_equal(self.prefix, PAD_ID), tf.int32), 1)
             forced = tf.gather(self.prefix, tf.minimum(step, tf.shape(self.prefix)[1] - 1), axis=1)

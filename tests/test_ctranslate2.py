@@ -128,21 +128,31 @@ def outputs(ids):
 
 def compare(engines, settings, prefixes=None, scores_too=True):
     """The best translation of each source by both engines: the same ids, log p(ids) and (with
-    scores_too) scores. Returns them, id lists."""
+    scores_too) scores. Returns them, id lists. Without a prefix or an option that changes the
+    distribution, the engine's log p is CTranslate2's score times the length to the alpha, of its
+    distribution renormalized without <pad> and <s>: at least the model's; else a scoring
+    pass's, the model's."""
     decode, engine, sources = engines
     ids, scores, log_probs = decode(settings, prefixes)
     found = engine.run(sources, settings=settings, n=1, prefixes=prefixes)
     assert [outputs(t.ids)[0] for t in found] == outputs(ids[:, 0]), settings
-    np.testing.assert_allclose([t.log_probs[0] for t in found], log_probs[:, 0], rtol=1e-4)
-    if scores_too:
-        np.testing.assert_allclose([t.scores[0] for t in found], scores[:, 0], rtol=1e-4)
+    engine_log_probs = np.array([t.log_probs[0] for t in found])
+    if prefixes is not None or settings.reshapes_distribution():
+        # the model's log p; our scores are of the distribution the options left
+        np.testing.assert_allclose(engine_log_probs, log_probs[:, 0], rtol=1e-4)
+        if scores_too and not settings.reshapes_distribution():
+            np.testing.assert_allclose([t.scores[0] for t in found], scores[:, 0], rtol=1e-4)
+    else:  # renormalized without <pad> and <s>, which this briefly trained model still likes
+        assert np.all(engine_log_probs >= log_probs[:, 0] - 1e-3)
     return outputs(ids[:, 0])
 
 
 def settings(beam, **options):
-    """DecodingSettings of one limit for every source (CTranslate2 takes one per batch)."""
-    return DecodingSettings(beam_size=beam, alpha=0.6, max_len_a=0.0, max_len_b=STEPS_EACH,
-                            **options)
+    """DecodingSettings of one limit for every source (CTranslate2 takes one per batch); beam
+    search under alpha 0, where CTranslate2's ranking (log p / length ^ alpha) is ours
+    (log p / ((5 + length) / 6) ^ alpha)."""
+    return DecodingSettings(beam_size=beam, alpha=0.6 if beam == 1 else 0.0, max_len_a=0.0,
+                            max_len_b=STEPS_EACH, **options)
 
 
 BEAMS = [1, 4]
@@ -156,10 +166,20 @@ def test_no_option(engines, beam):
     compare(engines, settings(beam))
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_beam_under_other_length_penalties(engines, alpha):
-    """0: CTranslate2's early exit; 1: longer hypotheses, ranked by our length penalty."""
-    compare(engines, dataclasses.replace(settings(4), alpha=alpha))
+@pytest.mark.parametrize("alpha", [0.6, 1.0])
+def test_beam_under_other_length_penalties_ranks_by_ours(engines, alpha):
+    """CTranslate2's own beam under its length penalty: its translations, each scored log p /
+    ((5 + length) / 6) ^ alpha of the model's log p, best first."""
+    decode, engine, sources = engines
+    beam = dataclasses.replace(settings(4), alpha=alpha)
+    found = engine.run(sources, settings=beam, n=4)
+    for translation in found:
+        lengths = (translation.ids != 0).sum(1)
+        np.testing.assert_allclose(translation.scores,
+                                   translation.log_probs / ((5 + lengths) / 6) ** alpha, rtol=1e-6)
+        assert list(translation.scores) == sorted(translation.scores, reverse=True)
+    exact = engine.log_probs(sources, [[outputs(t.ids)[0]] for t in found])
+    assert np.all(np.array([t.log_probs[0] for t in found]) >= np.ravel(exact) - 1e-3)
 
 
 @pytest.mark.parametrize("beam", BEAMS)
@@ -186,29 +206,20 @@ def test_min_length_greedy(engines, a, b):
     compare(engines, settings(1, min_len_a=a, min_len_b=b), PREFIXES)
 
 
-def differing(engines, beam_settings, check):
-    """Under beam search CTranslate2 bans tokens (</s> below the minimum, a repeated n-gram) before
-    its log-softmax: the other tokens of a hypothesis share the banned ones' probability, and
-    hypotheses rank otherwise across a beam than in ours, which keeps the model's
-    log-probabilities. Greedy decoding takes the same tokens. Its translations still obey the
-    option (check(ids, source)), and their log p is the model's. Returns how many best
-    translations are ours."""
-    decode, engine, sources = engines
-    ids, _, _ = decode(beam_settings)
-    found = engine.run(sources, settings=beam_settings, n=1)
-    got = [outputs(t.ids)[0] for t in found]
-    assert all(check(ids, source) for ids, source in zip(got, sources)), got
-    engine_log_probs = engine.log_probs(sources, [[ids] for ids in got])
-    np.testing.assert_allclose([t.log_probs[0] for t in found], np.ravel(engine_log_probs),
-                               rtol=1e-5)
-    return sum(a == b for a, b in zip(got, outputs(ids[:, 0])))
-
-
 @pytest.mark.parametrize("a, b", MINIMA)
 def test_min_length_beam(engines, a, b):
-    same = differing(engines, settings(4, min_len_a=a, min_len_b=b),
-                     lambda ids, source: len(ids) - 1 >= np.ceil(a * (len(source) - 1) + b))
-    assert same >= 1
+    """Under beam search and a minimum length CTranslate2 may rank a beam otherwise than ours: each
+    of its translations obeys the minimum and its log p is the model's, and most are ours."""
+    decode, engine, sources = engines
+    beam = settings(4, min_len_a=a, min_len_b=b)
+    ids, _, _ = decode(beam)
+    found = engine.run(sources, settings=beam, n=1)
+    got = [outputs(t.ids)[0] for t in found]
+    minima = [int(np.ceil(a * (len(source) - 1) + b)) for source in sources]
+    assert all(len(ids) - 1 >= minimum for ids, minimum in zip(got, minima))
+    exact = engine.log_probs(sources, [[ids] for ids in got])
+    np.testing.assert_allclose([t.log_probs[0] for t in found], np.ravel(exact), rtol=1e-5)
+    assert sum(a == b for a, b in zip(got, outputs(ids[:, 0]))) >= len(sources) // 2
 
 
 def repeats(ids, size):
@@ -228,9 +239,8 @@ def test_no_repeat_ngram_greedy(engines, size):
 
 @pytest.mark.parametrize("size", [1, 2])
 def test_no_repeat_ngram_beam(engines, size):
-    same = differing(engines, settings(4, no_repeat_ngram_size=size),
-                     lambda ids, source: not repeats(ids[:-1], size))
-    assert same >= 1
+    got = compare(engines, settings(4, no_repeat_ngram_size=size))
+    assert not any(repeats(ids[:-1], size) for ids in got)
 
 
 @pytest.mark.parametrize("beam", BEAMS)
@@ -240,8 +250,8 @@ def test_sampling_topk_1(engines, beam):
 
 
 def test_repetition_penalty_greedy(engines):
-    """The same tokens; our scores are of the penalized log-probabilities, the engine's of the
-    model's (its search's renormalize over the tokens left)."""
+    """The same tokens and the model's log p; our scores are of the penalized log-probabilities,
+    the engine's of the model's."""
     got = compare(engines, settings(1, repetition_penalty=3.0), scores_too=False)
     assert got != compare(engines, settings(1))
 

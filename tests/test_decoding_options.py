@@ -149,6 +149,15 @@ def log_softmax(logits):
     return out
 
 
+def search_log_softmax(logits):
+    """The distribution an option's search step chooses from: float64 log_softmax over the last
+    axis renormalized without <pad> and <s> (-inf), as CTranslate2's is."""
+    logits = np.array(logits, np.float64)
+    logits[..., [PAD_ID, BOS_ID]] = -np.inf
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
 def hand_penalized(logits, history, penalty):
     """CTranslate2's repetition penalty, by hand: the logits of the tokens in history (a list of
     ids) divided by penalty when positive, multiplied when negative."""
@@ -379,7 +388,8 @@ def test_no_output_is_shorter_than_the_minimum(trained):
 def test_penalize_repetitions_is_ctranslate2s_penalty():
     """penalize_repetitions divides the positive logits of tokens in the history by the penalty
     and multiplies the negative ones, each token once however often it occurs; StepRules' step
-    gives the log_softmax of those logits to choose from and the model's own beside them."""
+    gives the log_softmax of those logits (without <pad> and <s>) to choose from and the model's
+    own beside them."""
     rng = np.random.RandomState(1)
     logits = rng.randn(3, 12).astype(np.float32) * 3
     logits[0, 6] = 0.0
@@ -393,7 +403,7 @@ def test_penalize_repetitions_is_ctranslate2s_penalty():
     expected = np.stack([hand_penalized(row, seen, 1.7) for row, seen in zip(logits, history)])
     np.testing.assert_allclose(penalized, expected, rtol=1e-6)
     assert (penalized != logits).sum() == 2 + 1 + 4  # the 0 logit stays 0
-    for got, want in ((search_log_probs, log_softmax(expected)),
+    for got, want in ((search_log_probs, search_log_softmax(expected)),
                       (model_log_probs, log_softmax(logits))):
         allowed = np.isfinite(want)
         np.testing.assert_allclose(got[allowed], want[allowed], atol=1e-5)
@@ -415,7 +425,7 @@ def test_greedy_decoding_with_a_repetition_penalty_takes_the_penalized_argmax(tr
     for i, row in enumerate(ids):
         search_total = model_total = 0.0
         for t in range(lengths_of(row) + 1):
-            penalized = log_softmax(hand_penalized(logits[i, t], row[:t], 3.0))
+            penalized = search_log_softmax(hand_penalized(logits[i, t], row[:t], 3.0))
             if t + 1 < limits[i]:
                 assert row[t] == np.argmax(penalized), (i, t, row)
             search_total += penalized[row[t]]
@@ -493,8 +503,7 @@ def decoding_graph(*settings, beam=1):
 #: of them at least): StepRules' log_softmax (greedy_search's default takes logit - logsumexp),
 #: the minimum length's reduce_any of bans, sampling's Multinomial, n-gram blocking's and the
 #: repetition penalty's ScatterNd.
-OPTION_OPS = {"greedy": {"LogSoftmax", "Any", "Multinomial", "ScatterNd"},
-              "beam": {"Any", "ScatterNd"}}
+OPTION_OPS = {"greedy": {"LogSoftmax", "Multinomial", "ScatterNd"}, "beam": {"ScatterNd"}}
 
 
 def test_default_settings_add_no_op_of_the_options():

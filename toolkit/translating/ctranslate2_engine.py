@@ -250,21 +250,21 @@ class CTranslate2Translator:
     minima (min_len_a > 0) is decoded in groups of one minimum each. <pad> and <s> are never output,
     as in our decoder.
 
-    Scores and confidences are our own, not CTranslate2's: its scores leave out the prefix's tokens
-    and the </s> our decoder adds at the limit, renormalize the distribution over the tokens left
-    once some are banned, and divide by length ^ alpha instead of decoding.length_penalty. So the
-    model's log p(ids) (</s> included) is taken from a scoring pass over the translations
-    (score_batch: a teacher-forced decoder pass, which on a model of the default size takes about
-    as long as greedy decoding), and the scores are log p / length_penalty(tokens with </s>,
-    alpha) as in decoding.search (but under repetition_penalty, whose scores there are of the
-    penalized log-probabilities).
+    Each batch is one translate_batch, as fast as CTranslate2 runs. The model's log p(ids) (</s>
+    included), which the confidence reads, is CTranslate2's score times (tokens with </s>) ^ alpha:
+    its scores are log p over that length to the alpha, of its distribution renormalized without
+    <pad> and <s> (within 0.1% of the model's on Multi30k; a hypothesis cut at the limit lacks the
+    </s> that run adds). Under a prefix, whose tokens its score leaves out, and under an option
+    that changes the distribution it draws or chooses from, a scoring pass (score_batch, a
+    teacher-forced decoder pass, about as long as greedy decoding) gives the model's own. Scores
+    are log p / length_penalty(tokens with </s>, alpha), and rank a source's n translations.
 
     What comes out as ours does (tests/test_ctranslate2.py), on a batch of one limit: greedy
-    decoding under every option but sampling (its generator is CTranslate2's own); beam search
-    with a prefix or sampling_topk 1, the best translation, its finished hypotheses ranked by our
-    length penalty (engine_options, best_scored). Beam search under a minimum length or n-gram
-    blocking may not: CTranslate2 bans tokens before its log-softmax, so the tokens left of a
-    hypothesis share the banned ones' probability and hypotheses rank otherwise across a beam.
+    decoding under every option but sampling (its generator is CTranslate2's own), and beam search
+    under alpha 0 with no option, a prefix, n-gram blocking or sampling_topk 1. Under another
+    alpha CTranslate2's beam ranks finished hypotheses by log p / length ^ alpha, not by our
+    ((5 + length) / 6) ^ alpha, so a beam's best may differ; under a minimum length its beam may
+    rank otherwise too (each output still obeys the minimum).
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
@@ -339,50 +339,16 @@ class CTranslate2Translator:
             max_input_length=0, max_decoding_length=max_steps - 1,
             min_decoding_length=min(min_length, max_steps - 1),
             suppress_sequences=[["<pad>"], ["<s>"]], return_end_token=True, return_scores=True,
-            **engine_options(settings, n, max_steps))
+            length_penalty=settings.alpha, **engine_options(settings, n))
         hypotheses = [[self.ids(tokens) for tokens in result.hypotheses] for result in found]
-        if settings.beam_size > 1:
-            prefix_log_probs = self.prefix_log_probs(sources, prefixes, settings.alpha)
-            bounds = [upper_bounds(ids, result.scores, prefix, settings.alpha)
-                      for ids, result, prefix in zip(hypotheses, found, prefix_log_probs)]
-            hypotheses, log_probs = self.best_scored(sources, hypotheses, bounds, settings, n)
-        else:
-            log_probs = self.log_probs(sources, hypotheses)
-        return [self.ranked(ids, lp, settings.alpha, n) for ids, lp in zip(hypotheses, log_probs)]
-
-    def best_scored(self, sources, hypotheses, bounds, settings, n):
-        """The hypotheses of each source's beam that the scoring pass ranked, with their log p
-        (two lists per source): those that hold its n best by our score, scored in rounds in the
-        order of their upper bounds (bounds: per source an array in the layout of hypotheses)
-        until the n-th best score found beats the bound of every hypothesis left."""
-        order = [list(np.argsort(-b, kind="stable")) for b in bounds]
-        exact = [{} for _ in sources]  # per source: hypothesis index -> log p
-        pending = list(range(len(sources)))
-        while pending:
-            rows = {i: order[i][len(exact[i]):len(exact[i]) + max(n, settings.beam_size)]
-                    for i in pending}
-            found = self.log_probs([sources[i] for i in pending],
-                                   [[hypotheses[i][j] for j in rows[i]] for i in pending])
-            for i, values in zip(pending, found):
-                exact[i].update(zip(rows[i], values))
-            pending = [i for i in pending if not settled(
-                hypotheses[i], exact[i], bounds[i][order[i][len(exact[i]):]], settings.alpha, n)]
-        return ([[hypotheses[i][j] for j in scored] for i, scored in enumerate(exact)],
-                [list(scored.values()) for scored in exact])
-
-    def prefix_log_probs(self, sources, prefixes, alpha):
-        """Per source the model's log p of its prefix (CTranslate2's scores leave it out), which
-        ranks a beam's hypotheses when alpha is not 0; 0.0 when no prefix or alpha 0."""
-        if prefixes is None or not alpha:
-            return [0.0] * len(sources)
-        rows = [i for i, ids in enumerate(prefixes) if ids]
-        values = [0.0] * len(sources)
-        scored = self.engine.score_batch([self.pieces(sources[i]) for i in rows],
-                                         [self.pieces(prefixes[i]) for i in rows],
-                                         max_input_length=0) if rows else []
-        for i, result in zip(rows, scored):  # the last log-probability is of </s>
-            values[i] = float(np.sum(result.log_probs[:-1]))
-        return values
+        # CTranslate2's score is its log p over (tokens with </s>) ^ alpha
+        chosen = [[score * len(ids) ** settings.alpha for ids, score
+                   in zip(found_ids, result.scores)] for found_ids, result in zip(hypotheses, found)]
+        if prefixes is not None or settings.reshapes_distribution() or settings.samples():
+            # the model's log p: a scoring pass (a prefix's tokens are left out of CTranslate2's)
+            chosen = self.log_probs(sources, hypotheses)
+        return [self.ranked(ids, log_probs, settings.alpha, n) for ids, log_probs
+                in zip(hypotheses, chosen)]
 
     def ids(self, tokens):
         """The ids of a hypothesis' pieces, ending in </s> (added when the search hit its limit)."""
@@ -415,54 +381,19 @@ class CTranslate2Translator:
         del self.engine
 
 
-def engine_options(settings, n, max_steps):
+def engine_options(settings, n):
     """The arguments of CTranslate2's translate_batch for the search of settings (a
-    decoding.DecodingSettings) but the lengths, n translations per source: sampling, n-gram
-    blocking, the repetition penalty (CTranslate2's own definition, decoding.penalize_repetitions),
-    and a beam search that keeps every finished hypothesis, for run to rank by our own length
-    penalty (CTranslate2Translator.best_scored).
-
-    Our beam search stops once no live hypothesis can beat the best finished one by the time it
-    reaches the limit; CTranslate2's once it has found beam_size * patience hypotheses, ranked by
-    log p / length ^ length_penalty. Under alpha 0 both rank by log p and stop when no live
-    hypothesis can beat the best finished one (CTranslate2's early exit, its length penalty 0),
-    so its beam_size hypotheses hold our best; otherwise its patience is max_steps, so that it
-    keeps every hypothesis that finishes before the limit (at most beam_size a step), and ours
-    are among them: every beam runs to the limit, about twice as long as CTranslate2's own rule
-    (a model of the default size, random weights, int8)."""
-    options = {"beam_size": settings.beam_size, "length_penalty": 0.0, "num_hypotheses": n,
+    decoding.DecodingSettings) but the lengths and the length penalty, n translations per source:
+    the beam, sampling, n-gram blocking and the repetition penalty (CTranslate2's own definitions,
+    which decoding.StepRules follows)."""
+    options = {"beam_size": settings.beam_size, "num_hypotheses": n,
                "no_repeat_ngram_size": settings.no_repeat_ngram_size,
                "repetition_penalty": settings.repetition_penalty}
-    if settings.beam_size > 1:
-        patience = 1 if settings.alpha == 0 else max_steps
-        options.update(patience=patience, num_hypotheses=settings.beam_size * patience)
-    if settings.samples():
-        # 0 is the whole vocabulary, as in CTranslate2 (whose 1 would not draw)
-        options.update(sampling_topk=settings.sampling_topk if settings.sampling_topk > 1 else 0,
+    if settings.samples():  # 0 is the whole vocabulary, as in CTranslate2
+        options.update(sampling_topk=settings.sampling_topk,
                        sampling_topp=settings.sampling_topp,
                        sampling_temperature=settings.sampling_temperature)
     return options
-
-
-def upper_bounds(hypotheses, scores, prefix_log_prob, alpha):
-    """Bounds of our scores, log p / length_penalty (decoding.length_penalty, </s> counted), of a
-    beam's hypotheses (id lists ending in </s>): (N,) float64. scores: CTranslate2's under its
-    length penalty 0, the sum of the log-probabilities its search chose from (the prefix's left
-    out, and given: prefix_log_prob). They are at least the model's: renormalized over all but
-    <pad> and <s>, and without the </s> run adds at the limit."""
-    lengths = np.array([len(ids) for ids in hypotheses], np.float64)
-    return (np.array(scores, np.float64) + prefix_log_prob) / np.power((5.0 + lengths) / 6.0,
-                                                                       alpha)
-
-
-def settled(hypotheses, exact, bounds_left, alpha, n):
-    """Whether a beam's n best scores are found: exact ({index: log p} of the hypotheses scored)
-    holds n whose score is at least every bound left (bounds_left, of those not scored)."""
-    if not len(bounds_left):
-        return True
-    scores = sorted((log_p / np.power((5.0 + len(hypotheses[i])) / 6.0, alpha)
-                     for i, log_p in exact.items()), reverse=True)
-    return len(scores) >= n and scores[n - 1] >= bounds_left.max()
 
 
 def min_length_groups(sources, settings):
