@@ -53,11 +53,15 @@ stops accepting connections, answers the requests already in, and exits 0. One l
 goes to standard error.
 """
 import os
+import signal
 
-from toolkit.base import runtime  # first: TensorFlow's environment defaults
+# a SIGHUP before serve() takes it (a reload asked while the server loads) must not end it
+if __name__ == "__main__":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+from toolkit.base import runtime  # noqa: E402 (first of the project's: TensorFlow's defaults)
 
 import asyncio
-import signal
 import sys
 import time
 import traceback
@@ -372,8 +376,6 @@ def reload_path(path):
 
 
 def main(argv=None):
-    # until serve() handles it, a SIGHUP (a reload asked too early) must not end the server
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     runtime.start_graph_mode()
     hp, args = parse_args(argv)
     service = Service(hp, args)
