@@ -78,8 +78,7 @@ class DecodingSettings:
 
     def samples(self):
         """Whether tokens are drawn (sample_tokens) rather than chosen by greedy or beam search:
-        sampling_topk other than 1, as in CTranslate2 (the temperature and top-p shape the
-        draw)."""
+        sampling_topk other than 1, as in CTranslate2 (the temperature and top-p shape a draw)."""
         return self.uses("sampling_topk")
 
     def reshapes_distribution(self):

@@ -26,9 +26,9 @@ CONFIDENCE with 4 decimals; under sampling, N samples). CONFIDENCE is the geomet
 translation's tokens' probabilities under the model (</s> counted), exp(log p / tokens); for a line
 of several sentences or parts, exp(the sum of their log p / the sum of their tokens). A line of
 several sentences (a paragraph) is split into them by spaCy's rule-based sentencizer for the
-source language, each translated alone (a model trained on single sentences drops or merges sentences of a paragraph read
-whole), and their translations joined with the text that was between them; --no_split translates
-every line whole, and --score never splits. Notes go to standard error:
+source language, each translated alone (a model trained on single sentences drops or merges
+sentences of a paragraph read whole), and their translations joined with the text that was between
+them; --no_split translates every line whole, and --score never splits. Notes go to standard error:
   - an empty line gives an empty translation;
   - a sentence longer than the model's training limit (--maxlen1 pieces with </s>) is not cut off:
     it is split into parts that fit, after sentence punctuation (. ! ?) where possible, else

@@ -257,7 +257,8 @@ class CTranslate2Translator:
     </s> that run adds). Under a prefix, whose tokens its score leaves out, and under an option
     that changes the distribution it draws or chooses from, a scoring pass (score_batch, a
     teacher-forced decoder pass, about as long as greedy decoding) gives the model's own. Scores
-    are log p / length_penalty(tokens with </s>, alpha), and rank a source's n translations.
+    are log p / length_penalty(tokens with </s>, alpha); a source's n translations come in
+    CTranslate2's order.
 
     What comes out as ours does (tests/test_ctranslate2.py), on a batch of one limit: greedy
     decoding under every option but sampling (its generator is CTranslate2's own), and beam search
@@ -343,7 +344,8 @@ class CTranslate2Translator:
         hypotheses = [[self.ids(tokens) for tokens in result.hypotheses] for result in found]
         # CTranslate2's score is its log p over (tokens with </s>) ^ alpha
         chosen = [[score * len(ids) ** settings.alpha for ids, score
-                   in zip(found_ids, result.scores)] for found_ids, result in zip(hypotheses, found)]
+                   in zip(found_ids, result.scores)]
+                  for found_ids, result in zip(hypotheses, found)]
         if prefixes is not None or settings.reshapes_distribution() or settings.samples():
             # the model's log p: a scoring pass (a prefix's tokens are left out of CTranslate2's)
             chosen = self.log_probs(sources, hypotheses)
@@ -366,15 +368,14 @@ class CTranslate2Translator:
         return [[next(flat) for _ in found] for found in hypotheses]
 
     def ranked(self, hypotheses, log_probs, alpha, n):
-        """The n best of one source's hypotheses as a decoding.Translation, ranked by
-        log p / length_penalty (tokens with </s>) as decoding.search ranks them."""
+        """One source's n best hypotheses, in CTranslate2's order (its beam ranks by log p / length
+        ^ alpha, so that the best of n is the best of 1), as a decoding.Translation scored
+        log p / length_penalty (tokens with </s>) as decoding.search scores them."""
         from data_load import pad
-        lengths = np.array([len(ids) for ids in hypotheses], np.float32)
-        log_probs = np.array(log_probs, np.float32)
+        lengths = np.array([len(ids) for ids in hypotheses[:n]], np.float32)
+        log_probs = np.array(log_probs[:n], np.float32)
         scores = log_probs / np.power((5.0 + lengths) / 6.0, alpha)
-        order = np.argsort(-scores, kind="stable")[:n]
-        return Translation(pad([hypotheses[i] for i in order])[0], scores[order], None,
-                           log_probs[order])
+        return Translation(pad(hypotheses[:n])[0], scores, None, log_probs)
 
     def close(self):
         """Frees the model's memory."""
