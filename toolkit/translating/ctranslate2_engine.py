@@ -257,15 +257,17 @@ class CTranslate2Translator:
     </s> that run adds). Under a prefix, whose tokens its score leaves out, and under an option
     that changes the distribution it draws or chooses from, a scoring pass (score_batch, a
     teacher-forced decoder pass, about as long as greedy decoding) gives the model's own. Scores
-    are log p / length_penalty(tokens with </s>, alpha); a source's n translations come in
+    are log p / length_penalty(tokens with </s>, alpha), of the distribution its search chose from
+    under an option (as decoding.search's), else of the model's; a source's n translations come in
     CTranslate2's order.
 
     What comes out as ours does (tests/test_ctranslate2.py), on a batch of one limit: greedy
     decoding under every option but sampling (its generator is CTranslate2's own), and beam search
     under alpha 0 with no option, a prefix, n-gram blocking or sampling_topk 1. Under another
     alpha CTranslate2's beam ranks finished hypotheses by log p / length ^ alpha, not by our
-    ((5 + length) / 6) ^ alpha, so a beam's best may differ; under a minimum length its beam may
-    rank otherwise too (each output still obeys the minimum).
+    ((5 + length) / 6) ^ alpha, so a beam's best may differ. Under a minimum length, beam search
+    gave ours on the Multi30k model in float32 (16 sentences of 16, scores equal) but not always on
+    a briefly trained one (each output still obeys the minimum).
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
@@ -342,40 +344,52 @@ class CTranslate2Translator:
             suppress_sequences=[["<pad>"], ["<s>"]], return_end_token=True, return_scores=True,
             length_penalty=settings.alpha, **engine_options(settings, n))
         hypotheses = [[self.ids(tokens) for tokens in result.hypotheses] for result in found]
-        # CTranslate2's score is its log p over (tokens with </s>) ^ alpha
-        chosen = [[score * len(ids) ** settings.alpha for ids, score
+        lead = [0] * len(sources) if prefixes is None else [len(ids) for ids in prefixes]
+        # CTranslate2's score is the log p its search chose from, after the prefix, over (tokens
+        # with </s>, after the prefix) ^ alpha
+        chosen = [[score * (len(ids) - skip) ** settings.alpha for ids, score
                    in zip(found_ids, result.scores)]
-                  for found_ids, result in zip(hypotheses, found)]
+                  for found_ids, result, skip in zip(hypotheses, found, lead)]
+        log_probs = chosen
         if prefixes is not None or settings.reshapes_distribution() or settings.samples():
-            # the model's log p: a scoring pass (a prefix's tokens are left out of CTranslate2's)
-            chosen = self.log_probs(sources, hypotheses)
-        return [self.ranked(ids, log_probs, settings.alpha, n) for ids, log_probs
-                in zip(hypotheses, chosen)]
+            # the model's own: a scoring pass, which also gives the prefix's log p
+            log_probs, prefix_log_probs = self.log_probs(sources, hypotheses, lead)
+            chosen = log_probs if not settings.reshapes_distribution() else [
+                [c + p for c, p in zip(*pair)] for pair in zip(chosen, prefix_log_probs)]
+        return [self.ranked(*pair, settings.alpha, n) for pair
+                in zip(hypotheses, chosen, log_probs)]
 
     def ids(self, tokens):
         """The ids of a hypothesis' pieces, ending in </s> (added when the search hit its limit)."""
         ids = [self.sp.piece_to_id(p) for p in tokens]
         return ids if ids and ids[-1] == self.eos_id else ids + [self.eos_id]
 
-    def log_probs(self, sources, hypotheses):
-        """The model's log p(ids | source) of each hypothesis, </s> included: per source a list.
-        sources: N id lists; hypotheses: per source a list of id lists ending in </s>."""
-        pairs = [(source, ids) for source, found in zip(sources, hypotheses) for ids in found]
-        scored = self.engine.score_batch([self.pieces(source) for source, _ in pairs],
-                                         [self.pieces(ids[:-1]) for _, ids in pairs],
+    def log_probs(self, sources, hypotheses, lead=None):
+        """The model's log p(ids | source) of each hypothesis, </s> included, and that of its first
+        lead[i] tokens (its prefix): two lists per source. sources: N id lists; hypotheses: per
+        source a list of id lists ending in </s>; lead: per source a count (None: 0)."""
+        lead = lead or [0] * len(sources)
+        pairs = [(source, ids, skip) for source, found, skip in zip(sources, hypotheses, lead)
+                 for ids in found]
+        scored = self.engine.score_batch([self.pieces(source) for source, _, _ in pairs],
+                                         [self.pieces(ids[:-1]) for _, ids, _ in pairs],
                                          max_input_length=0)
-        flat = iter(float(np.sum(result.log_probs)) for result in scored)
-        return [[next(flat) for _ in found] for found in hypotheses]
+        totals = iter([(float(np.sum(result.log_probs)), float(np.sum(result.log_probs[:skip])))
+                       for result, (_, _, skip) in zip(scored, pairs)])
+        per_source = [[next(totals) for _ in found] for found in hypotheses]
+        return ([[total for total, _ in rows] for rows in per_source],
+                [[prefix for _, prefix in rows] for rows in per_source])
 
-    def ranked(self, hypotheses, log_probs, alpha, n):
+    def ranked(self, hypotheses, chosen, log_probs, alpha, n):
         """One source's n best hypotheses, in CTranslate2's order (its beam ranks by log p / length
-        ^ alpha, so that the best of n is the best of 1), as a decoding.Translation scored
-        log p / length_penalty (tokens with </s>) as decoding.search scores them."""
+        ^ alpha, so that the best of n is the best of 1), as a decoding.Translation: scored as
+        decoding.search scores them, chosen (the log p of the distribution the search chose from)
+        over length_penalty (tokens with </s>); log_probs, the model's."""
         from data_load import pad
         lengths = np.array([len(ids) for ids in hypotheses[:n]], np.float32)
-        log_probs = np.array(log_probs[:n], np.float32)
-        scores = log_probs / np.power((5.0 + lengths) / 6.0, alpha)
-        return Translation(pad(hypotheses[:n])[0], scores, None, log_probs)
+        scores = np.array(chosen[:n], np.float32) / np.power((5.0 + lengths) / 6.0, alpha)
+        return Translation(pad(hypotheses[:n])[0], scores, None,
+                           np.array(log_probs[:n], np.float32))
 
     def close(self):
         """Frees the model's memory."""
