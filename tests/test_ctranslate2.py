@@ -210,18 +210,21 @@ def test_min_length_greedy(engines, a, b):
 
 @pytest.mark.parametrize("a, b", MINIMA)
 def test_min_length_beam(engines, a, b):
-    """Under beam search and a minimum length CTranslate2 may rank a beam otherwise than ours: each
-    of its translations obeys the minimum and its log p is the model's, and most are ours."""
+    """Both engines choose from the distribution renormalized over the tokens the minimum leaves:
+    the same translations, but where the search reaches the step limit (a minimum can push this
+    briefly trained model into a loop), at which our last step forces </s> while CTranslate2's
+    ends without one. Each of its translations obeys the minimum, its log p the model's."""
     decode, engine, sources = engines
     beam = settings(4, min_len_a=a, min_len_b=b)
     ids, _, _ = decode(beam)
     found = engine.run(sources, settings=beam, n=1)
-    got = [outputs(t.ids)[0] for t in found]
+    got, ours = [outputs(t.ids)[0] for t in found], outputs(ids[:, 0])
     minima = [int(np.ceil(a * (len(source) - 1) + b)) for source in sources]
     assert all(len(ids) - 1 >= minimum for ids, minimum in zip(got, minima))
     exact, _ = engine.log_probs(sources, [[ids] for ids in got])
     np.testing.assert_allclose([t.log_probs[0] for t in found], np.ravel(exact), rtol=1e-5)
-    assert sum(a == b for a, b in zip(got, outputs(ids[:, 0]))) >= len(sources) // 2
+    ended = [i for i in range(len(sources)) if max(len(got[i]), len(ours[i])) < STEPS_EACH]
+    assert len(ended) >= len(sources) - 2 and [got[i] for i in ended] == [ours[i] for i in ended]
 
 
 def repeats(ids, size):

@@ -265,9 +265,9 @@ class CTranslate2Translator:
     decoding under every option but sampling (its generator is CTranslate2's own), and beam search
     under alpha 0 with no option, a prefix, n-gram blocking or sampling_topk 1. Under another
     alpha CTranslate2's beam ranks finished hypotheses by log p / length ^ alpha, not by our
-    ((5 + length) / 6) ^ alpha, so a beam's best may differ. Under a minimum length, beam search
-    gave ours on the Multi30k model in float32 (16 sentences of 16, scores equal) but not always on
-    a briefly trained one (each output still obeys the minimum).
+    ((5 + length) / 6) ^ alpha, so a beam's best may differ. Under a minimum length beam search
+    gives ours but where it reaches the step limit: our last step forces </s>, CTranslate2's ends
+    without one.
     """
 
     def __init__(self, model_dir, settings, batch_size, nbest=1, compute_type="default", threads=0):
