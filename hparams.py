@@ -165,6 +165,14 @@ class Hparams:
                            help="learning-rate warm-up steps")
         group.add_argument("--smoothing", type=float, default=MODEL_DEFAULTS["smoothing"],
                            help="label smoothing epsilon")
+        group.add_argument("--rdrop", type=float, default=0.0, metavar="ALPHA",
+                           help="R-Drop (Liang et al., 2021): each batch runs twice with "
+                                "independent dropout masks (one pass of twice the rows: about "
+                                "twice the step time) and the loss per target token is the "
+                                "paper's halved, (CE1 + CE2 + ALPHA * (KL(p1||p2) + KL(p2||p1)) "
+                                "/ 2) / 2, on the scale of a run without it; ALPHA is the "
+                                "paper's alpha (it used 5 for translation). Needs dropout to act; "
+                                "0: off, the loss as without it")
         group.add_argument("--seed", type=int, default=1234,
                            help="graph-level random seed and shuffling seed")
         group.add_argument("--keep_checkpoints", type=int, default=5,
@@ -394,6 +402,7 @@ RANGES = {
     "lr": (lambda value: value > 0, "above 0"), "warmup_steps": at_least(1),
     "cooldown_fraction": (lambda value: 0 < value <= 1, "above 0 and at most 1"),
     "smoothing": in_range(0, 1, "at least 0 and below 1"), "keep_checkpoints": at_least(1),
+    "rdrop": at_least(0),
     "patience": at_least(0), "eval_every": at_least(0), "summary_every": at_least(1),
     "suggestions_heldout": (lambda value: 0 < value < 1, "above 0 and below 1"),
     "replay_ratio": (lambda value: 0 <= value <= 10 ** 4, "from 0 to 10000"),

@@ -65,13 +65,17 @@ class ModelConfig:
     smoothing: float = MODEL_DEFAULTS["smoothing"]  # label smoothing epsilon (Section 5.4)
     # "reference": this module's Transformer; "fast": fast.model's
     impl: str = MODEL_DEFAULTS["impl"]
+    # R-Drop's alpha (Liang et al., 2021; Transformer.loss): 0 is off, the loss as without it
+    rdrop: float = 0.0
 
     @classmethod
     def from_flags(cls, hp):
         """The config of resolved flags hp (hparams.py; precision already resolved, not "auto"). An
         attention_dropout of None (not given, or a model trained before the flag
-        existed) is dropout_rate."""
-        values = {field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)}
+        existed) is dropout_rate; an rdrop absent (a model trained before --rdrop) is 0."""
+        values = {field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)
+                  if field.name != "rdrop"}
+        values["rdrop"] = getattr(hp, "rdrop", 0.0)
         if values["attention_dropout"] is None:
             values["attention_dropout"] = values["dropout_rate"]
         return cls(**values)
@@ -175,7 +179,9 @@ class Transformer:
     def loss(self, xs, ys):
         """Label-smoothed cross entropy (Section 5.4) summed over the non-pad target tokens, their
         count, and the last block's cross-attention (N, h, T2, T1). loss_sum / token_count is the
-        per-token training loss."""
+        per-token training loss. With config.rdrop > 0 the summed loss is R-Drop's (rdrop_loss)."""
+        if self.config.rdrop:
+            return self.rdrop_loss(xs, ys)
         memory, src_masks = self.encode(xs)
         logits, _, y, attention = self.decode(ys, memory, src_masks)  # logits: (N, T2, V)
         # (N, T2, V)
@@ -183,6 +189,29 @@ class Transformer:
         losses = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)  # (N, T2)
         nonpadding = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)
         return tf.reduce_sum(losses * nonpadding), tf.reduce_sum(nonpadding), attention
+
+    def rdrop_loss(self, xs, ys):
+        """R-Drop (Liang et al., 2021, Eq. 3): the batch run twice with independent dropout masks,
+        as one forward pass of its 2N rows (dropout draws each row's mask anew), and per non-pad
+        target token the paper's loss halved,
+
+            (CE(p1) + CE(p2) + alpha KL_sym(p1, p2)) / 2,  KL_sym = (KL(p1||p2) + KL(p2||p1)) / 2
+
+        with CE the label-smoothed cross entropy and alpha config.rdrop, the paper's alpha. The
+        paper sums the two passes' CE; we average them (and halve the KL term with them), so that
+        the loss stays on the scale of a run without R-Drop and its learning rates compare.
+        Returns, like loss, the sum over the N rows' non-pad tokens, their count (counted once)
+        and the first pass's cross-attention (N, h, T2, T1)."""
+        n = tf.shape(ys.y)[0]
+        memory, src_masks = self.encode(twice(xs))
+        logits, _, y, attention = self.decode(twice(ys), memory, src_masks)  # (2N, T2, V)
+        targets = label_smoothing(tf.one_hot(y, self.config.vocab_size), self.config.smoothing)
+        losses = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)  # (2N, T2)
+        # (N, T2)
+        token_losses = (losses[:n] + losses[n:]
+                        + self.config.rdrop * symmetric_kl(logits[:n], logits[n:])) / 2
+        nonpadding = tf.cast(tf.not_equal(y[:n], PAD_ID), tf.float32)
+        return tf.reduce_sum(token_losses * nonpadding), tf.reduce_sum(nonpadding), attention[:n]
 
     def train(self, xs, ys, optimizer, token_count):
         """The loss of a batch and its gradients: the label-smoothed loss summed over the non-pad
@@ -266,6 +295,21 @@ class Transformer:
         summaries = tf1.summary.image("eval_attention",
                                       attention_image(self.attention(first, ids[:1])))
         return ids, scores, summaries
+
+
+def twice(batch):
+    """A batch (data_load.Sources or Targets, fields (N, ...) or None) with its rows repeated: the
+    N rows, then the same N again (2N, ...), R-Drop's two passes in one."""
+    return type(batch)(*(None if t is None else tf.concat([t, t], axis=0) for t in batch))
+
+
+def symmetric_kl(logits1, logits2):
+    """(KL(p1 || p2) + KL(p2 || p1)) / 2 of p1 = softmax(logits1) and p2 = softmax(logits2) over
+    the last axis, R-Drop's regulariser (Liang et al., 2021, Eq. 2), computed as
+    sum_v (p1 - p2)(log p1 - log p2) / 2. logits1, logits2: (..., V). Returns (...,) float32."""
+    log_p1 = tf.nn.log_softmax(tf.cast(logits1, tf.float32))
+    log_p2 = tf.nn.log_softmax(tf.cast(logits2, tf.float32))
+    return tf.reduce_sum((tf.exp(log_p1) - tf.exp(log_p2)) * (log_p1 - log_p2), axis=-1) / 2
 
 
 #: Name of the variable that holds the step at which a decaying learning-rate schedule ends
