@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from toolkit.translating import ctranslate2_engine
-from decoding import DecodingSettings, search, translate
+from decoding import DecodingSettings, translate
 from model_fixtures import build, random_ids, small_hp
 from toolkit.base.errors import UserError
 from toolkit.base.ids import EOS_ID

@@ -15,7 +15,6 @@ from langdetect import DetectorFactory, detect_langs
 from langdetect.lang_detect_exception import LangDetectException
 import tensorflow as tf
 
-import decoding
 from hparams import DECODING_OPTIONS, RANGES
 from toolkit.base.errors import UserError
 from toolkit.data import datadir

@@ -25,7 +25,6 @@ take effect at once.
 """
 import argparse
 import sqlite3
-import sys
 import threading
 import time
 
