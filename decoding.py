@@ -269,6 +269,8 @@ class StepRules:
 
     def __init__(self, settings, min_lengths=None, prefix=None):
         self.settings, self.min_lengths, self.prefix = settings, min_lengths, prefix
+        if prefix is not None:  # (B,): once, outside the search's loop
+            self.prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32), 1)
 
     def any(self):
         """Whether a step does more than decoding_log_probs."""
@@ -300,7 +302,7 @@ class StepRules:
                 banned = tf.logical_or(banned, ban)  # (B, V)
             search = decoding_log_probs(tf.where(banned, NEG_INF, logits), must_end)
         if self.prefix is not None:  # the prefix's token, at the model's log-probability
-            forcing = step < tf.reduce_sum(tf.cast(tf.not_equal(self.prefix, PAD_ID), tf.int32), 1)
+            forcing = step < self.prefix_lengths
             forced = tf.gather(self.prefix, tf.minimum(step, tf.shape(self.prefix)[1] - 1), axis=1)
             only_forced = tf.where(tf.equal(tf.range(vocab_size)[None, :], forced[:, None]),
                                    model, NEG_INF)
@@ -630,8 +632,16 @@ class Ensemble:
 Translation = collections.namedtuple("Translation", "ids scores attention log_probs")
 
 
+def confidence(log_prob, tokens):
+    """The geometric mean of a translation's token probabilities from the model's log p of its
+    tokens (</s> counted) and their count: exp(log p / tokens), 1 for no tokens. Numbers or numpy
+    arrays of one shape."""
+    tokens = np.asarray(tokens)
+    return np.where(tokens > 0, np.exp(np.asarray(log_prob, np.float64) / np.maximum(tokens, 1)),
+                    1.0)
+
+
 def confidences(ids, log_probs):
-    """The confidence of translations, the geometric mean of their tokens' probabilities (</s>
-    counted): exp(log p / tokens). ids: numpy (..., T) ending in </s> then 0s; log_probs (...,)."""
-    tokens = np.maximum((np.asarray(ids) != PAD_ID).sum(-1), 1)
-    return np.exp(np.asarray(log_probs, np.float64) / tokens)
+    """The confidence of translations: ids numpy (..., T) ending in </s> then 0s, log_probs (...,)
+    the model's log p of each."""
+    return confidence(log_probs, (np.asarray(ids) != PAD_ID).sum(-1))

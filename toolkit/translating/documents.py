@@ -5,9 +5,9 @@ import collections
 import functools
 import html
 import html.parser
-import math
 import re
 
+import decoding
 
 #: The end of a marked section: "]]>" of <![CDATA[...]]>, or "]>" of <![if ...]>.
 MARKED_SECTION_END = re.compile(r"]\s*]\s*>|]\s*>")
@@ -111,8 +111,8 @@ class Entry(collections.namedtuple("Entry", "text score confidence log_prob toke
 
     @classmethod
     def of(cls, text, score, log_prob, tokens):
-        confidence = math.exp(log_prob / tokens) if tokens else 1.0
-        return cls(text, float(score), confidence, float(log_prob), int(tokens))
+        return cls(text, float(score), float(decoding.confidence(log_prob, tokens)),
+                   float(log_prob), int(tokens))
 
     @classmethod
     def joined(cls, text, entries):

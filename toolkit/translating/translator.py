@@ -15,10 +15,10 @@ from toolkit.base.ids import PAD_ID
 
 tf1 = tf.compat.v1
 
-#: The dtypes of decoding.FED_OPTIONS' placeholders.
-FED_TYPES = {"min_len_a": tf.float32, "min_len_b": tf.int32, "sampling_topk": tf.int32,
-             "sampling_topp": tf.float32, "sampling_temperature": tf.float32,
-             "repetition_penalty": tf.float32}
+
+def fed_type(option):
+    """The dtype of a fed option's placeholder: that of its default (decoding.OPTION_DEFAULTS)."""
+    return tf.int32 if isinstance(decoding.OPTION_DEFAULTS[option], int) else tf.float32
 
 
 def graph_key(settings):
@@ -102,7 +102,7 @@ class Translator:
         if key not in self.graphs:
             with self.model_graph():
                 fed = {option: tf1.placeholder_with_default(
-                    tf.constant(getattr(settings, option), FED_TYPES[option]), [], name=option)
+                    tf.constant(getattr(settings, option), fed_type(option)), [], name=option)
                     for option in decoding.FED_OPTIONS if settings.uses(option)}
                 # (N, P) target prefixes padded with 0
                 prefix = tf1.placeholder(tf.int32, [None, None], "prefix") if with_prefix \
