@@ -4,7 +4,8 @@
 
 What it reads:
   LOGDIR/hparams.json   which candidate the run trained: every flag of train.py must have the value the candidate's
-                        flags (with the table's train_flags) give it, except NOT_COMPARED; and the precision
+                        flags (with the table's train_flags) give it, except NOT_COMPARED, and its data dir's
+                        vocabulary the candidate's vocab_size (8000 when it names none); and the precision
   LOGDIR/checkpoint     the last checkpoint, whose name train.py writes with the final dev BLEU and the global step
                         (E13_L3.12_B39.11-3066: dev BLEU 39.11, greedy, after 3,066 steps)
   LOGDIR/recipe.json    when scripts/recipe.py trained the run: the CPU and the command (else pass --cpu and
@@ -53,15 +54,25 @@ def flag_differences(hp, flags):
             if name not in NOT_COMPARED and trained.get(name) != value]
 
 
+def candidate_differences(table, name, hp):
+    """What in hp (a trained model's hyperparameters) differs from candidate `name`: its flags (flag_differences),
+    then the vocabulary, as a run's budget in tokens counts pieces of its own vocabulary."""
+    differences = flag_differences(hp, recipe_table.train_flags(table, name))
+    vocab_size = recipe_table.vocab_size(table, name)
+    if getattr(hp, "vocab_size", None) != vocab_size:
+        differences.append("a vocabulary of %s pieces (candidate: %d)" % (getattr(hp, "vocab_size", None),
+                                                                          vocab_size))
+    return differences
+
+
 def matching_candidate(table, hp):
-    """The name of the table's candidate that hp was trained with; a UserError naming the differences from the
-    closest candidate when there is none."""
-    differences = {name: flag_differences(hp, recipe_table.train_flags(table, name))
-                   for name in recipe_table.candidate_names(table)}
+    """The name of the table's candidate that hp was trained with (candidate_differences: none); a UserError naming
+    the differences from the closest candidate when there is none."""
+    differences = {name: candidate_differences(table, name, hp) for name in recipe_table.candidate_names(table)}
     closest = min(differences, key=lambda name: len(differences[name]))
     if differences[closest]:
         raise UserError("%s was trained with settings that are no candidate of the table; the closest, %s, differs "
-                        "in %s: add a candidate with the run's flags to the table first"
+                        "in %s: add a candidate with the run's flags and vocab_size to the table first"
                         % (hp.logdir, closest, ", ".join(differences[closest])))
     return closest
 

@@ -6,19 +6,21 @@ Reports real (non-pad) source and target tokens/s (median over the timed steps, 
 side also the mean, total tokens over total time, and the epoch's: its mean real target tokens per batch over the
 median step time, which does not depend on which batches were timed), real tokens per sentence, the padding
 fraction, step time, graph build time, peak RSS, model FLOPs per step counted from the model's shapes
-(scripts/model_flops.py), and their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu); with bf16 or
-fp16 products also the same matmul in that dtype and the ratio to it (mfu_bf16). The last line is one JSON object.
+(scripts/model_flops.py: forward and backward, both passes of the rows under --rdrop, whose tokens count once), and
+their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu); with bf16 or fp16 products also the same matmul
+in that dtype and the ratio to it (mfu_bf16). The last line is one JSON object.
 
 The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
 ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
 the time per op type (RunMetadata step stats), in ms per step, largest first: the profile of docs/performance.md,
 and its sums over the matrix products and over all other ops.
 
-With --flags_from_stdin it measures one model per line of stdin (a JSON list of train.py flags added to those on
-the command line) as the lines come, each in a tf.Graph and session of its own, TensorFlow imported once for all:
-a JSON line {"graph_build_s": seconds} when a graph is built, then its result (or {"error": why}), its speeds
-without the matmul readings and mfu, which would cost seconds before the first result; scripts/recipe.py measures
-its candidates so and stops it when its time is up. peak_rss_mb is then the process's peak so far.
+With --flags_from_stdin it measures one model per line of stdin (a JSON list of train.py flags added after those on
+the command line, so that a flag in both, such as --data_dir, takes the line's value) as the lines come, each in a
+tf.Graph and session of its own, TensorFlow imported once for all: a JSON line {"graph_build_s": seconds} when a
+graph is built, then its result (or {"error": why}), its speeds without the matmul readings and mfu, which would
+cost seconds before the first result; scripts/recipe.py measures its candidates so, each on its own data dir, and
+stops it when its time is up. peak_rss_mb is then the process's peak so far.
 
 Timed steps are steady-state steps: the first step on each new batch shape builds oneDNN kernels for it (a
 one-time cost of the first epoch), so such steps are counted apart (new_shape_steps, new_shape_step_s) and
@@ -48,7 +50,7 @@ from hparams import Hparams, resolved  # noqa: E402
 from toolkit.training.step import build_step  # noqa: E402
 from fast import resolved_kernels  # noqa: E402
 from fast.model import COMPUTE_DTYPES  # noqa: E402
-from model_flops import forward_flops  # noqa: E402
+from model_flops import training_flops  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -165,7 +167,7 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
         raise UserError("no step of the %d after warm-up came on a batch shape seen before, so none was timed: "
                         "raise --max_steps" % len(new_shape_seconds))
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
-    flops = np.array([3 * forward_flops(hp, *s) for s in zip(n, t1, t2, real2)])  # forward + backward ~ 3x forward
+    flops = np.array([training_flops(hp, *s) for s in zip(n, t1, t2, real2)])
     step_s = float(np.median(seconds))
     epoch_tokens_per_step = int(pairs_of(0)[0].lengths2.sum()) / num_batches(0)  # every pair is in a batch
     model_gflops = float(np.median(flops / seconds) / 1e9)
@@ -228,10 +230,10 @@ def main(argv=None):
                             "the steps after their first pass are all timed (a quick measurement: K shapes instead "
                             "of the whole length mix); 0: all of them")
     bench.add_argument("--flags_from_stdin", action="store_true",
-                       help="measure one model per line of stdin (a JSON list of train.py flags, added to those "
-                            "given here), each in its own graph, printing a JSON line when its graph is built and "
-                            "one with its result (speeds only: no matmul is read, and there is no mfu); "
-                            "TensorFlow is imported once for all")
+                       help="measure one model per line of stdin (a JSON list of train.py flags, added after "
+                            "those given here: a line's --data_dir is the one its model trains on), each in its own "
+                            "graph, printing a JSON line when its graph is built and one with its result (speeds "
+                            "only: no matmul is read, and there is no mfu); TensorFlow is imported once for all")
     args, rest = bench.parse_known_args(argv)
     hp, manifest = resolve_hparams(rest)
     runtime.start_graph_mode()

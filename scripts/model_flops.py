@@ -10,3 +10,11 @@ def forward_flops(hp, n, t1, t2, target_tokens):
     decoder = (2 * n * t2 * (6 * d * d + 2 * d * f) + 2 * n * t1 * 2 * d * d
                + 2 * 2 * n * t2 * t2 * d + 2 * 2 * n * t2 * t1 * d)
     return hp.num_blocks * (encoder + decoder) + 2 * target_tokens * d * hp.vocab_size
+
+
+def training_flops(hp, n, t1, t2, target_tokens):
+    """FLOPs of one training step on that batch: forward and backward, about 3 forward passes, over every row the
+    step runs. Under R-Drop (--rdrop above 0) each row runs twice, so the step costs twice as much, while its real
+    target tokens, which train.py counts once, stay target_tokens."""
+    passes = 2 if getattr(hp, "rdrop", 0) > 0 else 1
+    return 3 * passes * forward_flops(hp, n, t1, t2, target_tokens)

@@ -10,26 +10,30 @@ still reads the table's de->en runs.
 The model is chosen from the candidates of scripts/recipe_table.json (train.py flags, and the dev BLEU each reached
 after a measured number of real target tokens trained) by the training budget this machine can buy
 (docs/recipe.md). Phases, each command printed before it runs:
-  prepro   the joint BPE vocabulary and segmented corpus, from ../shared/data/multi30k when present, else downloaded
+  prepro   the joint BPE vocabulary and segmented corpus, from ../shared/data/multi30k when present, else
+           downloaded: one data dir per vocabulary size among the candidates allowed (candidate_data_dir)
   kernels  the fused training kernels built for this CPU (python -m fast.kernels), or their failed build remembered,
            so that neither the measuring nor training pays a compile
   measure  real target tokens/s here: an epoch's mean tokens per batch over the median time of MEASURE_STEPS
            steady-state steps after MEASURE_WARMUP untimed ones, in one scripts/bench_train.py process (one graph
-           per candidate): the first candidate first; then each other one whose dev BLEU the table can predict at
-           ESTIMATE_SLACK x the target tokens estimated for it from the first one's speed (model FLOPs per
-           token), as no other could be chosen. All of it within MEASURE_SHARE of the budget plus the first graph
-           build. A candidate not measured by then (or whose measuring failed) has its speed estimated: from the
-           first one's by model FLOPs per token, or when none was measured, from a 2048^2 matmul read here at
-           MATMUL_SHARE of its FLOP/s. Skipped when the choice can not depend on it (choice_without_measuring)
+           per candidate, on its own data dir): the first candidate first; then each other one whose dev BLEU the
+           table can predict at ESTIMATE_SLACK x the target tokens estimated for it from the first one's speed
+           (training FLOPs per token, R-Drop's two passes counted), as no other could be chosen. All of it within
+           MEASURE_SHARE of the budget plus the first graph build. A candidate not measured by then (or whose
+           measuring failed) has its speed estimated: from the first one's by training FLOPs per token, or when
+           none was measured, from a 2048^2 matmul read here at MATMUL_SHARE of its FLOP/s. Skipped when the
+           choice can not depend on it (choice_without_measuring)
   choose   for each, the target tokens it would train in the time left (tokens/s x seconds) and the dev BLEU the
            table predicts at that budget; the highest wins (scripts/recipe_table.py has the rule)
-  train    the chosen flags with --max_minutes = what is left of the budget minus POST_TRAIN_MINUTES; the learning
-           rate decays to 0 exactly when that time is up (train.py --lr_schedule linear)
+  train    the chosen flags on its data dir with --max_minutes = what is left of the budget minus
+           POST_TRAIN_MINUTES; the learning rate decays to 0 exactly when that time is up (train.py --lr_schedule
+           linear)
   test     test2016 with the last checkpoint, greedy and with beam BEAM_SIZE, length penalty LENGTH_PENALTY
            (averaging the last checkpoints did not pay on dev once the learning rate decays to 0: docs/recipe.md)
-Then it prints a results table (the choice, BLEU, steps, epochs, tokens/s, wall time per phase, CPU, ISA flags,
-precision) and writes it, with what was measured and predicted, as JSON to LOGDIR/recipe.json. With --choose_only it
-stops after the choice and writes nothing but the data dir.
+Then it prints a results table (the choice, BLEU, steps, epochs, tokens/s, wall time per phase and the training
+time planned, CPU, ISA flags, precision) and writes it, with the data dir trained on and what was measured and
+predicted, as JSON to LOGDIR/recipe.json. With --choose_only it stops after the choice and writes nothing but the
+data dirs.
 """
 import argparse
 import contextlib
@@ -58,7 +62,7 @@ from toolkit.base.errors import UserError  # noqa: E402
 from toolkit.base.cli import run_cli
 from toolkit.base.ids import OFFSETS_DTYPE, map_file  # noqa: E402
 from hparams import Hparams  # noqa: E402
-from model_flops import forward_flops  # noqa: E402
+from model_flops import training_flops  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
 BEAM_SIZE, LENGTH_PENALTY = 4, 1.2
@@ -104,9 +108,10 @@ def run(command, log):
     return "".join(lines), time.time() - start
 
 
-def prepro_command(data_dir, reverse=False):
-    """prepro.py from the Multi30k files beside the repository, or from the download; reverse: English->German."""
-    command = [sys.executable, "prepro.py", "--vocab_size", "8000", "--data_dir", data_dir]
+def prepro_command(data_dir, vocab_size, reverse=False):
+    """prepro.py with a joint BPE vocabulary of vocab_size pieces, from the Multi30k files beside the repository, or
+    from the download; reverse: English->German."""
+    command = [sys.executable, "prepro.py", "--vocab_size", str(vocab_size), "--data_dir", data_dir]
     command += ["--reverse"] if reverse else []
     if not os.path.isdir(SHARED):
         return command + ["--dataset", "multi30k"]
@@ -116,6 +121,24 @@ def prepro_command(data_dir, reverse=False):
         for side, lang in ((1, "de"), (2, "en")):
             command += ["--%s%d" % (split, side), os.path.join(SHARED, "%s.%s" % (name, lang))]
     return command
+
+
+def vocab_data_dir(data_dir, vocab_size):
+    """The data dir of a vocabulary of vocab_size pieces: data_dir itself for recipe_table.DEFAULT_VOCAB_SIZE's (as
+    before candidates had vocabularies of their own), else data_dir with _v<vocab_size> appended."""
+    if vocab_size == recipe_table.DEFAULT_VOCAB_SIZE:
+        return data_dir
+    return "%s_v%d" % (data_dir.rstrip("/"), vocab_size)
+
+
+def candidate_data_dir(table, name, data_dir):
+    """The data dir candidate `name` trains on (vocab_data_dir of its vocabulary) when the recipe's is data_dir."""
+    return vocab_data_dir(data_dir, recipe_table.vocab_size(table, name))
+
+
+def vocab_sizes(table, names):
+    """The vocabulary sizes of candidates `names`, each once, in their order: one data dir each."""
+    return list(dict.fromkeys(recipe_table.vocab_size(table, name) for name in names))
 
 
 def read_json(path):
@@ -231,13 +254,20 @@ class Bench:
                 deadline = start + seconds + uncounted
 
 
-def flops_per_sentence(table, name, lengths):
-    """Candidate `name`'s model FLOPs of one forward pass on a sentence pair of lengths = (vocab_size, real source
-    tokens, real target tokens) (model_flops.forward_flops)."""
+def measured_flags(table, name, data_dir):
+    """The flags bench_command's process measures candidate `name` with: its train.py flags and its own data dir
+    (candidate_data_dir), which a line of that process takes over its command line's."""
+    return recipe_table.train_flags(table, name) + ["--data_dir", candidate_data_dir(table, name, data_dir)]
+
+
+def training_flops_per_token(table, name, lengths):
+    """Candidate `name`'s model FLOPs of training per real target token, on sentence pairs of lengths =
+    (vocab_size, real source tokens, real target tokens) (model_flops.training_flops: R-Drop's two passes
+    included)."""
     vocab_size, src, tgt = lengths
     hp = Hparams().parser.parse_args(recipe_table.train_flags(table, name))
     hp.vocab_size = vocab_size
-    return forward_flops(hp, 1, src, tgt, tgt)
+    return training_flops(hp, 1, src, tgt, tgt) / tgt
 
 
 def measured_lengths(result):
@@ -257,20 +287,35 @@ def corpus_lengths(data_dir):
     return (manifest["vocab_size"], *per_side)
 
 
-def estimated_speed(table, name, reference_name, reference):
+def candidate_lengths(table, name, reference_name, measured, corpus_of):
+    """The lengths (as measured_lengths) of candidate `name`'s sentences where the reference candidate's measured
+    ones were `measured`: those, when both share a vocabulary; else those in its own vocabulary, each side scaled by
+    the ratio of the two training splits' mean lengths (corpus_of(vocabulary size): corpus_lengths of its data
+    dir)."""
+    vocab_size = recipe_table.vocab_size(table, name)
+    if vocab_size == recipe_table.vocab_size(table, reference_name):
+        return measured
+    own, reference = corpus_of(vocab_size), corpus_of(recipe_table.vocab_size(table, reference_name))
+    return (own[0], measured[1] * own[1] / reference[1], measured[2] * own[2] / reference[2])
+
+
+def estimated_speed(table, name, reference_name, reference, corpus_of=None):
     """An estimate of candidate `name`'s real target tokens/s here from the reference candidate's measured Speed:
-    that speed times the ratio of their model FLOPs per real target token (on sentences of the lengths measured).
-    FLOPs only: how the batch size, dropout and each shape's fit to the CPU change the speed is left out, so it is
-    rough (ESTIMATE_SLACK)."""
-    lengths = measured_lengths(reference.result)
-    return (reference.tokens_per_s * flops_per_sentence(table, reference_name, lengths)
-            / flops_per_sentence(table, name, lengths))
+    that speed times the ratio of their training FLOPs per real target token (on sentences of the lengths measured,
+    in each one's vocabulary: candidate_lengths, which needs corpus_of only when their vocabularies differ). FLOPs
+    only: how the batch size, dropout and each shape's fit to the CPU change the speed is left out, so it is rough
+    (ESTIMATE_SLACK)."""
+    measured = measured_lengths(reference.result)
+    lengths = candidate_lengths(table, name, reference_name, measured, corpus_of)
+    return (reference.tokens_per_s * training_flops_per_token(table, reference_name, measured)
+            / training_flops_per_token(table, name, lengths))
 
 
 def matmul_speed(table, name, lengths, gflops):
-    """An estimate of candidate `name`'s real target tokens/s with nothing measured: a training step (3 forward
-    passes' FLOPs) at MATMUL_SHARE of a matmul's gflops, on sentences of `lengths` (corpus_lengths)."""
-    return MATMUL_SHARE * gflops * 1e9 * lengths[2] / (3 * flops_per_sentence(table, name, lengths))
+    """An estimate of candidate `name`'s real target tokens/s with nothing measured: its training FLOPs per token
+    (training_flops_per_token) at MATMUL_SHARE of a matmul's gflops, on sentences of `lengths` (corpus_lengths of
+    its data dir)."""
+    return MATMUL_SHARE * gflops * 1e9 / training_flops_per_token(table, name, lengths)
 
 
 def choice_without_measuring(table, names):
@@ -281,9 +326,10 @@ def choice_without_measuring(table, names):
     return names[0] if len(names) == 1 or with_runs in ([], names[:1]) else None
 
 
-def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time.monotonic):
+def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time.monotonic, data_dir=None):
     """{name: Speed} of candidates `names` (the table's order), measured with measure(train.py flags, seconds it
-    may take, whether its graph build counts) while the allowance (seconds) lasts.
+    may take, whether its graph build counts) while the allowance (seconds) lasts; with data_dir (the recipe's),
+    each candidate's flags name its own data dir (measured_flags).
 
     The first is measured first, its graph build not counted: its Speed is the reference of estimate_tokens(name,
     first's Speed), the target tokens another candidate would train here (None: no estimate). Another candidate is
@@ -291,8 +337,10 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
     could not change the choice. Candidates without measured runs are never measured but the first. Those that
     could have been measured but were not (out of time, or a failed measurement) are estimated (estimate_unmeasured).
     """
+    def flags(name):
+        return measured_flags(table, name, data_dir) if data_dir else recipe_table.train_flags(table, name)
     start = clock()
-    first = measure(recipe_table.train_flags(table, names[0]), allowance, False)
+    first = measure(flags(names[0]), allowance, False)
     speeds, allowance = {names[0]: first}, allowance + first.uncounted_s
     for name in names[1:]:
         runs, estimate = recipe_table.runs_of(table, name), estimate_tokens(name, first)
@@ -305,7 +353,7 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
         elif allowance - (clock() - start) <= 0:
             speeds[name] = Speed(None, OUT_OF_TIME)
         else:
-            speeds[name] = measure(recipe_table.train_flags(table, name), allowance - (clock() - start), True)
+            speeds[name] = measure(flags(name), allowance - (clock() - start), True)
     return speeds
 
 
@@ -369,7 +417,9 @@ def results_lines(results):
                 results["matmul_gflops_per_s"]))]
     if results["machine"]["onednn_max_cpu_isa"]:
         rows.append(("ONEDNN_MAX_CPU_ISA", results["machine"]["onednn_max_cpu_isa"]))
-    rows += [("wall, %s" % phase, "%.0f s" % seconds) for phase, seconds in results["seconds"].items()]
+    planned = {"train": " of %.0f s planned" % results["train_planned_s"]}  # train.py's --max_minutes
+    rows += [("wall, %s" % phase, "%.0f s%s" % (seconds, planned.get(phase, "")))
+             for phase, seconds in results["seconds"].items()]
     width = max(len(name) for name, _ in rows)
     return ["%-*s  %s" % (width, name, value) for name, value in rows]
 
@@ -438,23 +488,26 @@ def measure_here(table, names, args, start, log):
     """measure_speeds with the measuring process (Bench), estimates from the first candidate's speed and the
     training time left, then estimate_unmeasured. Returns the speeds and measuring_record."""
     allowance, measure_start = MEASURE_SHARE * args.minutes * 60, time.time()
+    corpus_of = functools.lru_cache(maxsize=None)(lambda vocab_size: corpus_lengths(
+        vocab_data_dir(args.data_dir, vocab_size)))
 
     def estimate_tokens(name, first):
         if first.tokens_per_s is None:
             return None
-        return estimated_speed(table, name, names[0], first) * train_seconds_left(args.minutes, start)
+        return estimated_speed(table, name, names[0], first, corpus_of) * train_seconds_left(args.minutes, start)
 
     matmul = functools.lru_cache(maxsize=1)(matmul_gflops)  # read once, and only when nothing was measured
 
     def estimate_speed(name, first):
         if first.tokens_per_s is not None:
-            return (estimated_speed(table, name, names[0], first),
+            return (estimated_speed(table, name, names[0], first, corpus_of),
                     "estimated from %s's measured speed by model FLOPs per token" % names[0])
         gflops = matmul()
-        return (matmul_speed(table, name, corpus_lengths(args.data_dir), gflops),
+        return (matmul_speed(table, name, corpus_of(recipe_table.vocab_size(table, name)), gflops),
                 "estimated as %g of a %.0f GFLOP/s matmul read here" % (MATMUL_SHARE, gflops))
-    with Bench(bench_command(args.data_dir), log) as bench:
-        speeds = measure_speeds(table, names, allowance - STOP_MARGIN_S, bench.measure, estimate_tokens)
+    with Bench(bench_command(candidate_data_dir(table, names[0], args.data_dir)), log) as bench:
+        speeds = measure_speeds(table, names, allowance - STOP_MARGIN_S, bench.measure, estimate_tokens,
+                                data_dir=args.data_dir)
     record = measuring_record(time.time() - measure_start, allowance, speeds)
     return estimate_unmeasured(speeds, names, estimate_speed), record
 
@@ -486,9 +539,10 @@ def choose_model(table, names, args, start, log):
 
 
 def prepare_and_choose(table, names, args, start, log, seconds):
-    """prepro and the kernels' build, then choose_model, for a budget begun at `start`; each phase's wall time goes
-    to seconds. Returns choose_model's."""
-    _, seconds["prepro"] = run(prepro_command(args.data_dir, args.reverse), log)
+    """prepro (a data dir per vocabulary size of the candidates `names`) and the kernels' build, then choose_model,
+    for a budget begun at `start`; each phase's wall time goes to seconds. Returns choose_model's."""
+    seconds["prepro"] = sum(run(prepro_command(vocab_data_dir(args.data_dir, vocab_size), vocab_size,
+                                               args.reverse), log)[1] for vocab_size in vocab_sizes(table, names))
     _, seconds["kernels"] = run([sys.executable, "-m", "fast.kernels"], log)
     measure_start = time.time()
     chosen = choose_model(table, names, args, start, log)
@@ -526,9 +580,10 @@ def main(argv=None):
     os.makedirs(os.path.join(ROOT, logdir))
     with open(os.path.join(ROOT, logdir, "recipe.log"), "w", encoding="utf-8") as log:
         choice, train_minutes = prepare_and_choose(table, names, args, start, log, seconds)
+        data_dir, max_minutes = candidate_data_dir(table, choice["chosen"], args.data_dir), "%.2f" % train_minutes
         train_output, seconds["train"] = run(
-            [sys.executable, "train.py", "--data_dir", args.data_dir, "--logdir", logdir] + choice["flags"]
-            + ["--max_minutes", "%.2f" % train_minutes], log)
+            [sys.executable, "train.py", "--data_dir", data_dir, "--logdir", logdir] + choice["flags"]
+            + ["--max_minutes", max_minutes], log)
         epochs = [tuple(map(int, m.groups())) for m in map(EPOCH_LINE.match, train_output.splitlines()) if m]
         bleu = decode_test2016(logdir, log, seconds)
     seconds["total"] = time.time() - start
@@ -540,7 +595,9 @@ def main(argv=None):
         "steps": epochs[-1][1], "epochs": epochs[-1][1] / steps_per_epoch,
         "tgt_tokens_per_s": sum(e[2] for e in epochs) / len(epochs), "precision": hparams["precision"],
         "machine": machine.machine_summary(), "matmul_gflops_per_s": matmul_gflops(),
-        "seconds": {phase: round(s, 1) for phase, s in seconds.items()}, "recipe": choice["flags"],
+        "seconds": {phase: round(s, 1) for phase, s in seconds.items()},
+        "train_planned_s": round(float(max_minutes) * 60, 1), "recipe": choice["flags"], "data_dir": data_dir,
+        "vocab_size": recipe_table.vocab_size(table, choice["chosen"]),
         "beam_size": BEAM_SIZE, "alpha": LENGTH_PENALTY, "logdir": logdir, "direction": args.direction,
     }
     with open(os.path.join(ROOT, logdir, "recipe.json"), "w", encoding="utf-8") as f:

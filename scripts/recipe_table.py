@@ -5,6 +5,12 @@ A budget is counted in real (non-pad) target tokens trained: a run of the same f
 batches on every machine, only faster or slower, so a budget in tokens carries across machines where one in minutes
 does not.
 
+A candidate is train.py flags, and "vocab_size" when it trains on a joint BPE vocabulary of other than
+DEFAULT_VOCAB_SIZE pieces: scripts/recipe.py prepares a data dir of that vocabulary for it, and a run counts as its
+only when trained on that vocabulary (scripts/add_recipe_run.py). Its budgets and speeds count pieces of its own
+vocabulary (a smaller one cuts a sentence into more of them): candidates are compared by what the same time buys
+each, never token for token.
+
 The prediction for a candidate at a budget of T target tokens, from its measured runs (docs/recipe.md):
   - runs whose budgets lie within POOL_RATIO of the smallest of them are one budget point, their mean dev BLEU at
     the geometric mean of their budgets (repeats of about the same budget, e.g. the same hour on two machines);
@@ -28,6 +34,8 @@ from toolkit.base.errors import UserError  # noqa: E402
 from hparams import Hparams, range_error  # noqa: E402
 
 TABLE_PATH = os.path.join(ROOT, "scripts", "recipe_table.json")
+#: The joint BPE vocabulary of a candidate that names none (prepro.py --vocab_size).
+DEFAULT_VOCAB_SIZE = 8000
 #: Runs of a candidate whose budgets are within this ratio of the smallest of them form one budget point.
 POOL_RATIO = 1.1
 #: What every measured run records (add_recipe_run.py writes them, and "version": the toolkit's version that added
@@ -51,11 +59,15 @@ def table_error(path, message):
 
 def check_candidate(candidate, train_flags, path):
     """Raises a UserError unless candidate is {"name": str, "flags": [str]} whose flags, with train_flags, are
-    train.py flags with values in range."""
+    train.py flags with values in range, and whose "vocab_size", if it has one, is a whole number above 1."""
     if not isinstance(candidate, dict) or not isinstance(candidate.get("name"), str) or not isinstance(
             candidate.get("flags"), list) or not all(isinstance(flag, str) for flag in candidate["flags"]):
         raise table_error(path, "every candidate must be {\"name\": NAME, \"flags\": [train.py flags]}, not %s"
                           % json.dumps(candidate))
+    vocab_size = candidate.get("vocab_size", DEFAULT_VOCAB_SIZE)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+        raise table_error(path, "the vocab_size of candidate %s must be a whole number of BPE pieces (prepro.py "
+                                "--vocab_size), not %s" % (candidate["name"], json.dumps(vocab_size)))
     parser = Hparams(prog="train.py").parser
 
     def reject(message):
@@ -118,6 +130,11 @@ def candidate_names(table):
 def train_flags(table, name):
     """The train.py flags of candidate `name`: its own, then those every candidate trains with."""
     return next(c["flags"] for c in table["candidates"] if c["name"] == name) + table["train_flags"]
+
+
+def vocab_size(table, name):
+    """The joint BPE vocabulary candidate `name` trains on: its "vocab_size", else DEFAULT_VOCAB_SIZE."""
+    return next(c for c in table["candidates"] if c["name"] == name).get("vocab_size", DEFAULT_VOCAB_SIZE)
 
 
 def runs_of(table, name):

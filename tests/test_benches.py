@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_data  # noqa: E402
 import bench_iterator  # noqa: E402
 import bench_train  # noqa: E402
+import model_flops  # noqa: E402
 from data_load import get_batch  # noqa: E402
 from toolkit.data.datadir import load_manifest  # noqa: E402
 from toolkit.base.errors import UserError  # noqa: E402
@@ -30,9 +31,18 @@ def test_forward_flops_hand_computed():
     # decoder 2 * (6 * 4 + 12) + 2 * 2 * 4 + 2 * 2 * 2 + 2 * 2 * 2 = 104 (cross-attention K, V of the memory);
     # output layer 2 * 2 * 5 = 20
     hp = SimpleNamespace(d_model=2, d_ff=3, num_blocks=1, vocab_size=5)
-    assert bench_train.forward_flops(hp, 1, 1, 1, 1) == 188
+    assert model_flops.forward_flops(hp, 1, 1, 1, 1) == 188
     # every term but the output layer grows with the batch; the output layer with the real target tokens only
-    assert bench_train.forward_flops(hp, 2, 1, 1, 1) == 2 * 168 + 20
+    assert model_flops.forward_flops(hp, 2, 1, 1, 1) == 2 * 168 + 20
+
+
+def test_a_training_step_is_three_forward_passes_and_twice_that_under_rdrop():
+    hp = SimpleNamespace(d_model=2, d_ff=3, num_blocks=1, vocab_size=5)  # a model from before --rdrop
+    assert model_flops.training_flops(hp, 1, 1, 1, 1) == 3 * 188
+    assert model_flops.training_flops(SimpleNamespace(**vars(hp), rdrop=0.0), 1, 1, 1, 1) == 3 * 188
+    # both passes of the rows count; the real target tokens, which set the output layer's share, stay those given
+    assert model_flops.training_flops(SimpleNamespace(**vars(hp), rdrop=0.5), 1, 1, 1, 1) == 2 * 3 * 188
+    assert bench_train.training_flops is model_flops.training_flops  # bench_train's FLOPs, FLOP/s and mfu
 
 
 def test_profile_splits_into_matrix_products_and_the_rest():

@@ -1,6 +1,7 @@
 """The recipe's choice of model (scripts/recipe_table.py, scripts/recipe.py), its table file, the run that
 scripts/add_recipe_run.py adds to it and the tables scripts/plot_recipe.py writes. Speeds are injected: nothing here
 is timed, and nothing trains."""
+import dataclasses
 import io
 import json
 import math
@@ -137,6 +138,8 @@ def write_table(tmp_path, table):
     (lambda t: t["runs"].append({"candidate": "small", "target_tokens": 5}), "lacks steps, batch_size, dev_bleu"),
     (lambda t: t["runs"].append(run("small", 0, 30.0)), "needs target_tokens above 0"),
     (lambda t: t.pop("runs"), "an object with the lists train_flags, candidates and runs"),
+    (lambda t: t["candidates"][2].update(vocab_size="4k"),
+     'the vocab_size of candidate empty must be a whole number of BPE pieces (prepro.py --vocab_size), not "4k"'),
 ])
 def test_a_table_that_is_wrong_is_refused_with_what_is_wrong(tmp_path, change, message):
     table = make_table([run("small", 1e6, 30.0)])
@@ -175,10 +178,13 @@ def training_pairs(data_dir, hp):
 @pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K_DIR.is_dir(), reason=f"{MULTI30K_DIR} is absent")
 def test_the_shipped_runs_hold_the_target_tokens_of_their_steps(tmp_path):
-    data_dir = str(tmp_path / "multi30k")
-    assert prepro.main(recipe.prepro_command(data_dir)[2:]) == 0
     table = recipe_table.load_table()
+    base = str(tmp_path / "multi30k")
+    for vocab_size in recipe.vocab_sizes(table, recipe_table.candidate_names(table)):
+        data_dir = recipe.vocab_data_dir(base, vocab_size)
+        assert prepro.main(recipe.prepro_command(data_dir, vocab_size)[2:]) == 0
     for row in table["runs"]:
+        data_dir = recipe.candidate_data_dir(table, row["candidate"], base)
         hp = Hparams().parser.parse_args(recipe_table.train_flags(table, row["candidate"]))
         assert row["target_tokens"] == trained_target_tokens(training_pairs(data_dir, hp), row["steps"], hp.batch_size, hp.batch_type,
                                                              hp.seed, hp.bucket_growth, hp.accum_steps)
@@ -287,6 +293,64 @@ def test_with_nothing_measured_a_speed_is_a_share_of_the_matmul_by_model_flops()
     assert recipe.matmul_speed(table, "one", (5, 1, 1), 100.0) == pytest.approx(recipe.MATMUL_SHARE * 100e9 / 564)
 
 
+def test_an_rdrop_candidate_costs_twice_the_flops_of_its_plain_twin_per_target_token():
+    # the tables of the tests above: 188 FLOPs a forward pass, 564 a training step; R-Drop runs the rows twice
+    table = {"train_flags": ["--d_model", "2", "--d_ff", "3", "--num_heads", "1", "--num_blocks", "1"], "runs": [],
+             "candidates": [{"name": "plain", "flags": []}, {"name": "rdrop", "flags": ["--rdrop", "5"]},
+                            {"name": "rdrop0", "flags": ["--rdrop", "0"]}]}
+    lengths = (5, 1, 1)
+    assert recipe.training_flops_per_token(table, "plain", lengths) == 564
+    assert recipe.training_flops_per_token(table, "rdrop", lengths) == 2 * 564
+    assert recipe.training_flops_per_token(table, "rdrop0", lengths) == 564
+    # so an unmeasured R-Drop candidate is estimated at half its twin's speed, by either estimate
+    first = recipe.Speed(712.0, "measured", {"real_src_tokens_per_sentence": 1, "real_tgt_tokens_per_sentence": 1,
+                                             "vocab_size": 5})
+    assert recipe.estimated_speed(table, "rdrop", "plain", first) == pytest.approx(356.0)
+    assert recipe.estimated_speed(table, "plain", "rdrop", first) == pytest.approx(2 * 712.0)
+    assert recipe.matmul_speed(table, "rdrop", lengths, 100.0) == pytest.approx(
+        recipe.matmul_speed(table, "plain", lengths, 100.0) / 2)
+
+
+#: small trains on the default vocabulary (8,000 pieces), big on one of 4,000, empty names the default.
+VOCABULARIES = make_table([run("small", 1e6, 30.0), run("small", 1e7, 36.0),
+                           run("big", 1e6, 25.0), run("big", 1e7, 38.0)])
+VOCABULARIES["candidates"][1]["vocab_size"] = 4000
+VOCABULARIES["candidates"][2]["vocab_size"] = 8000
+
+
+def test_a_candidate_of_another_vocabulary_has_a_data_dir_of_its_own_and_is_measured_on_it():
+    assert [recipe_table.vocab_size(VOCABULARIES, name) for name in ("small", "big", "empty")] == [8000, 4000, 8000]
+    assert recipe.vocab_sizes(VOCABULARIES, ["small", "big", "empty"]) == [8000, 4000]
+    assert recipe.vocab_sizes(VOCABULARIES, ["empty", "small"]) == [8000]
+    assert [recipe.candidate_data_dir(VOCABULARIES, name, "data/multi30k_en_de") for name in ("small", "big")] == [
+        "data/multi30k_en_de", "data/multi30k_en_de_v4000"]
+    assert recipe.prepro_command("d_v4000", 4000)[2:6] == ["--vocab_size", "4000", "--data_dir", "d_v4000"]
+    measured = []
+
+    def measure(flags, seconds, count_build):
+        measured.append(flags)
+        return recipe.Speed(1000.0, "measured", {})
+    recipe.measure_speeds(VOCABULARIES, ["small", "big"], 100, measure, lambda name, first: 1e7, data_dir="d")
+    assert measured == [recipe_table.train_flags(VOCABULARIES, "small") + ["--data_dir", "d"],
+                        recipe_table.train_flags(VOCABULARIES, "big") + ["--data_dir", "d_v4000"]]
+
+
+def test_a_speed_estimated_across_vocabularies_counts_the_sentences_in_the_candidates_own_pieces():
+    # the same model on 8,000 and 4,000 pieces: the measured lengths (10 and 10) scaled by the ratio of the two
+    # training splits' mean lengths, 24 / 20 and 30 / 20
+    table = {"train_flags": ["--d_model", "2", "--d_ff", "3", "--num_heads", "1", "--num_blocks", "1"], "runs": [],
+             "candidates": [{"name": "v8k", "flags": []}, {"name": "v4k", "flags": [], "vocab_size": 4000}]}
+    corpus = {8000: (8000, 20.0, 20.0), 4000: (4000, 24.0, 30.0)}
+    measured = (8000, 10.0, 10.0)
+    assert recipe.candidate_lengths(table, "v4k", "v8k", measured, corpus.get) == (4000, 12.0, 15.0)
+    assert recipe.candidate_lengths(table, "v8k", "v8k", measured, None) == measured
+    first = recipe.Speed(1000.0, "measured", {"real_src_tokens_per_sentence": 10.0,
+                                              "real_tgt_tokens_per_sentence": 10.0, "vocab_size": 8000})
+    assert recipe.estimated_speed(table, "v4k", "v8k", first, corpus.get) == pytest.approx(
+        1000.0 * recipe.training_flops_per_token(table, "v8k", measured)
+        / recipe.training_flops_per_token(table, "v4k", (4000, 12.0, 15.0)))
+
+
 def test_a_candidate_that_could_not_be_measured_is_estimated_from_what_was():
     first = recipe.Speed(1000.0, "measured", {"vocab_size": 5})
     speeds = {"small": first, "mid": recipe.Speed(None, recipe.OUT_OF_TIME),
@@ -347,14 +411,17 @@ def test_the_measuring_process_is_read_as_it_prints_and_stopped_when_its_time_is
         assert bench.measure(["fast"], 60.0, True) == recipe.Speed(None, "measurement failed: ValueError: a bug")
 
 
-def test_bench_train_measures_each_model_of_its_stdin_in_a_graph_of_its_own(small_numbers_dir, monkeypatch, capsys):
+def test_bench_train_measures_each_model_of_its_stdin_in_a_graph_of_its_own(small_numbers_dir, monkeypatch, capsys,
+                                                                           tmp_path):
     # with --max_steps 1 and no warm-up no step is timed: each model is built, then refused with the reason, and
     # the next one is measured (a model that is measured is tests/test_benches.py's, through the same function);
-    # no matmul is read, which would cost seconds of the recipe's measuring before the first result
+    # no matmul is read, which would cost seconds of the recipe's measuring before the first result. A line's
+    # --data_dir is the one its model trains on (here one that was never prepared)
     matmuls = []
     monkeypatch.setattr(bench_train, "matmul_gflops", lambda config, dtype: matmuls.append(dtype) or 1.0)
+    missing = str(tmp_path / "data_v4000")
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(flags) + "\n" for flags in (
-        ["--d_model", "32"], ["--d_model", "16"]))))
+        ["--d_model", "32"], ["--d_model", "16"], ["--d_model", "16", "--data_dir", missing]))))
     graphs = []
     real_measure = bench_train.measure
     monkeypatch.setattr(bench_train, "measure", lambda hp, *args, **kwargs: graphs.append(hp.d_model) or real_measure(
@@ -363,8 +430,9 @@ def test_bench_train_measures_each_model_of_its_stdin_in_a_graph_of_its_own(smal
                       "--flags_from_stdin"] + TINY[2:] + ["--num_heads", "2", "--threads", "1"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     no_step = "no step of the 1 after warm-up came on a batch shape seen before, so none was timed: raise --max_steps"
-    assert [list(line) for line in lines] == [["graph_build_s"], ["error"], ["graph_build_s"], ["error"]]
+    assert [list(line) for line in lines] == [["graph_build_s"], ["error"], ["graph_build_s"], ["error"], ["error"]]
     assert lines[1] == lines[3] == {"error": no_step}
+    assert lines[4]["error"].startswith("%s/manifest.json not found" % missing)
     assert graphs == [32, 16] and matmuls == []
 
 
@@ -438,6 +506,10 @@ def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and
     assert train[6:10] == choice["flags"] and train[10] == "--max_minutes"
     assert float(train[11]) == pytest.approx(train_seconds / 60, abs=0.01)
     assert (results["steps"], results["bleu_greedy"], results["bleu_beam"]) == (20, 31, 34)
+    assert (results["data_dir"], results["vocab_size"]) == ("d", 8000)
+    assert results["train_planned_s"] == pytest.approx(float(train[11]) * 60)
+    assert results["seconds"]["train"] == 5
+    assert re.search(r"^wall, train +5 s of %.0f s planned$" % results["train_planned_s"], out, re.M)
     assert results["command"] == "python scripts/recipe.py --minutes 60 --data_dir d --logdir %s --table %s" % (
         logdir, tmp_path / "table.json")
     assert "chose small: the highest predicted dev BLEU" in out and "measure and choose" in results["seconds"]
@@ -475,7 +547,56 @@ def test_reverse_prepares_english_to_german_in_a_data_dir_and_logdir_of_its_own(
                                                             "en->de")
     forward = recipe.parse_args(["--minutes", "20"])
     assert (forward.data_dir, forward.logdir) == ("data/multi30k", "runs/multi30k_20m")
-    assert "--reverse" not in recipe.prepro_command("data/multi30k")
+    assert "--reverse" not in recipe.prepro_command("data/multi30k", 8000)
+
+
+class VocabularyBench(FakeBench):
+    """FakeBench whose --d_model 512 trains 10,000 target tokens/s, noting the flags of each measurement."""
+    measured = []
+
+    def measure(self, flags, seconds, count_build):
+        self.measured.append(flags)
+        speed = super().measure(flags, seconds, count_build)
+        return dataclasses.replace(speed, tokens_per_s=1e4) if flags[1] == "512" else speed
+
+
+def test_the_recipe_prepares_measures_and_trains_a_candidate_of_another_vocabulary_on_its_own_data_dir(
+        tmp_path, monkeypatch, capsys):
+    commands = []
+
+    def run_phase(command, log):
+        commands.append(command)
+        if command[1] == "train.py":
+            (logdir / "hparams.json").write_text('{"precision": "fp32"}', encoding="utf-8")
+            return "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\n", 5
+        if command[1] == "test.py":
+            testdir = Path(command[command.index("--testdir") + 1])
+            testdir.mkdir()
+            (testdir / "results.json").write_text('{"bleu": 30}', encoding="utf-8")
+        return "", 1
+    bench_commands = []
+    monkeypatch.setattr(recipe, "run", run_phase)
+    monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
+    monkeypatch.setattr(recipe, "Bench", lambda command, log: bench_commands.append(command) or VocabularyBench(
+        command, log))
+    monkeypatch.setattr(VocabularyBench, "measured", [])
+    monkeypatch.setattr(recipe, "corpus_lengths", lambda data_dir: {"d": (8000, 14.0, 15.0),
+                                                                    "d_v4000": (4000, 16.8, 18.0)}[data_dir])
+    logdir = tmp_path / "run"
+    code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
+                                    "--logdir", logdir, "--table", write_table(tmp_path, VOCABULARIES))
+    assert (code, err) == (0, "")
+    prepro_runs = [command[2:6] for command in commands if command[1] == "prepro.py"]
+    assert prepro_runs == [["--vocab_size", "8000", "--data_dir", "d"], ["--vocab_size", "4000", "--data_dir",
+                                                                        "d_v4000"]]
+    assert bench_commands[0][bench_commands[0].index("--data_dir") + 1] == "d"  # the first candidate's
+    assert [flags[-2:] for flags in VocabularyBench.measured] == [["--data_dir", "d"], ["--data_dir", "d_v4000"]]
+    # big trains about 34 M tokens of its own pieces here (its 38.0, held) against small's 3.5 M (33.2)
+    results = json.loads((logdir / "recipe.json").read_text())
+    assert results["choice"]["chosen"] == "big"
+    assert (results["data_dir"], results["vocab_size"]) == ("d_v4000", 4000)
+    train = next(command for command in commands if command[1] == "train.py")
+    assert train[2:4] == ["--data_dir", "d_v4000"]
 
 
 class TimedOutBench(FakeBench):
@@ -522,9 +643,10 @@ def finished_run(tmp_path, data_dir, flags, checkpoint, recipe_json=None):
 
 
 def tiny_table():
+    """Candidates of small_numbers_dir's vocabulary of 200 pieces."""
     return {"train_flags": ["--lr_schedule", "linear"], "runs": [],
-            "candidates": [{"name": "wide", "flags": TINY[:2] + ["--d_ff", "128"] + TINY[4:]},
-                           {"name": "tiny", "flags": TINY}]}
+            "candidates": [{"name": "wide", "flags": TINY[:2] + ["--d_ff", "128"] + TINY[4:], "vocab_size": 200},
+                           {"name": "tiny", "flags": TINY, "vocab_size": 200}]}
 
 
 def test_a_finished_run_becomes_a_row_with_the_tokens_it_trained(tmp_path, small_numbers_dir, capsys):
@@ -561,6 +683,27 @@ def test_a_run_that_can_not_be_a_row_is_refused_with_the_reason(tmp_path, small_
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
     assert message in err
     assert json.loads(Path(path).read_text())["runs"] == []
+
+
+def test_a_run_matches_a_candidate_of_its_own_vocabulary_only(tmp_path, small_numbers_dir, capsys):
+    # small_numbers_dir's vocabulary has 200 pieces: a candidate of 8,000 (named or by default) is not the run's
+    logdir = finished_run(tmp_path, small_numbers_dir, TINY + ["--lr_schedule", "linear"], "E03_L2.50_B12.34-40")
+    table = tiny_table()
+    for candidate in table["candidates"]:
+        candidate.pop("vocab_size")
+    table["candidates"][0]["vocab_size"] = 8000
+    path = write_table(tmp_path, table)
+    code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path,
+                                    "--cpu", "X", "--command", "Y")
+    assert code == 2 and out == ""
+    assert "the closest, tiny, differs in a vocabulary of 200 pieces (candidate: 8000): add a candidate" in err
+    # with the same flags on both vocabularies, the run is the one of its own
+    table["candidates"].append({"name": "tiny-v200", "flags": TINY, "vocab_size": 200})
+    path = write_table(tmp_path, table)
+    code, out, err = run_in_process(capsys, "add_recipe_run.py", add_recipe_run.main, logdir, "--table", path,
+                                    "--cpu", "X", "--command", "Y")
+    assert (code, err) == (0, "")
+    assert [row["candidate"] for row in json.loads(Path(path).read_text())["runs"]] == ["tiny-v200"]
 
 
 # ------------------------------------------------------------------------------------------------
