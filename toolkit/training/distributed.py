@@ -188,8 +188,8 @@ def agree_to_stop(sess, votes, signal, out_of_time):
 
 def agree_on_total(sess, votes, total, is_chief):
     """Every process calls this at the same step with its own estimate of the learning-rate
-    schedule's end step; all of them return the chief's (the one process that times
-    the dev evaluations)."""
+    schedule's end step (or of the steps to the next estimate); all of them return the chief's (the
+    one process that times the dev evaluations)."""
     if votes.total.mean is votes.total.mine:
         return int(total)
     chief_total, chiefs = sess.run(votes.total.mean,

@@ -1,9 +1,10 @@
 """When a training run ends: its budget (the global step at which train.py stops, and the end
 step of a learning-rate schedule that decays to 0 then: --max_steps, --num_epochs, or the steps that
---max_minutes buys at the step rate measured in the run), --patience (dev evaluations in a row
-without a better BLEU), a resumed run whose budget is already spent, and Ctrl-C or SIGTERM turned
-into a request to stop that the training loop honours where it can save (after a step, after a save,
-or at once in a phase that may be abandoned: the dev decode)."""
+--max_minutes buys at the step rate observed in the run, estimated again as that rate changes),
+--patience (dev evaluations in a row without a better BLEU), a resumed run whose budget is already
+spent, and Ctrl-C or SIGTERM turned into a request to stop that the training loop honours where it
+can save (after a step, after a save, or at once in a phase that may be abandoned: the dev decode).
+"""
 import contextlib
 import math
 import os
@@ -26,23 +27,40 @@ class Budget:
     --max_steps and --num_epochs are steps from the start. --max_minutes becomes steps once warm-up
     has ended (and at least MEASURED_STEPS steps of this run were timed): the step rate measured in
     this run times the time left, less the time of the dev evaluations planned before the deadline
-    (each as long as those measured so far in this run). From then on the schedule is fixed;
-    training still stops at the deadline if it comes first.
+    (each as long as those measured so far in this run). A machine's speed changes during a run
+    (the first steps of each new batch shape build oneDNN kernels, other load comes and goes), so
+    the end is estimated again about every REFIT_SECONDS from the step rate observed since the last
+    estimate, and the schedule follows it; the loop then ends at about the deadline, which still
+    stops training if it comes first. Only an end fixed from --max_minutes in this process moves: a
+    schedule restored from a checkpoint keeps its end. Every worker of a multiworker run estimates
+    again at the same steps (the chief's count of steps to the next estimate) and takes the chief's.
     """
 
     #: Steps of a run that are timed before a time budget is turned into steps; the first
     #: SKIPPED_STEPS are not timed (they build oneDNN kernels).
     MEASURED_STEPS, SKIPPED_STEPS = 100, 5
 
-    def __init__(self, sess, g, hp, deadline, started, is_chief=True):
-        """g: the training graph (train.TrainGraph). deadline: time.time() at which --max_minutes
-        ends (inf if unset). started: time.time() when the tool started, for the start-up time
-        printed at the first step."""
+    #: Seconds between estimates of a time budget's end: a minute holds dozens of steps at the
+    #: recipe's ~1 step/s, so one slow step moves the rate little, and the end catches up with a
+    #: change of speed within a minute, under 2% of an hour's run.
+    REFIT_SECONDS = 60
+
+    #: A new estimate of the end is printed when it moved by this fraction since the one printed
+    #: last (each estimate takes effect, printed or not).
+    PRINT_CHANGE = 0.01
+
+    def __init__(self, sess, g, hp, deadline, started, is_chief=True, clock=time.time):
+        """g: the training graph (train.TrainGraph). deadline: clock() at which --max_minutes
+        ends (inf if unset). started: clock() when the tool started, for the start-up time
+        printed at the first step. clock: the time in seconds (a test's fake one)."""
         self.sess, self.g, self.hp, self.deadline, self.is_chief = sess, g, hp, deadline, is_chief
-        self.started = started
+        self.started, self.clock = started, clock
         self.total = int(sess.run(g.step.schedule_total))
         self.decaying = hp.lr_schedule != "noam"
-        self.run_steps, self.timer_start, self.timed_from, self.eval_seconds = 0, None, None, []
+        self.run_steps, self.eval_seconds = 0, []
+        # the time budget's end: whether this process set it, the step of its next estimate, the
+        # one printed last, and the (clock, step, dev evaluation seconds) since the last estimate
+        self.follows_time, self.next_estimate, self.printed, self.window = False, None, None, None
         if self.decaying and not self.total and not hp.max_minutes:
             self.fix(self.step_budget())
 
@@ -58,7 +76,8 @@ class Budget:
         return min(self.hp.max_steps, epochs) if self.hp.max_steps else epochs
 
     def fix(self, total):
-        """Sets the schedule's end step (once; agreed on by every worker) and tells the user."""
+        """Sets the schedule's end step of a step budget (once, at the start; agreed on by every
+        worker) and tells the user."""
         self.total = distributed.agree_on_total(self.sess, self.g.votes, total, self.is_chief)
         self.sess.run(self.g.set_schedule_total, {self.g.new_schedule_total: self.total})
         print("learning rate: %s decay to 0 at step %d" % (self.hp.lr_schedule, self.total),
@@ -76,27 +95,50 @@ class Budget:
         """A dev evaluation of this run took seconds (left out of the step rate, and reserved for
         later ones)."""
         self.eval_seconds.append(seconds)
+        if self.window:
+            self.window[2].append(seconds)
 
     def after_step(self, step):
-        """Called after every training step with the new global step;
-        fixes a time budget once it can."""
+        """Called after every training step with the new global step; turns a time budget into the
+        schedule's end once it can, then estimates that end again every REFIT_SECONDS or so."""
         self.run_steps += 1
+        now = self.clock()
         if self.run_steps == 1:
-            print("first step of this run %.1f s after start" % (time.time() - self.started),
-                  flush=True)
+            print("first step of this run %.1f s after start" % (now - self.started), flush=True)
         if self.run_steps == self.SKIPPED_STEPS:
-            self.timer_start, self.timed_from, self.eval_seconds = time.time(), step, []
-        if (not self.decaying or self.total or not self.hp.max_minutes
-            or step < self.hp.warmup_steps
-                or self.run_steps < self.SKIPPED_STEPS + self.MEASURED_STEPS):
+            self.window, self.eval_seconds = (now, step, []), []
+        if self.follows_time:
+            if step >= self.next_estimate:
+                self.follow_time(step, now)
             return
-        now = time.time()
-        # steps per second
-        rate = (step - self.timed_from) / (now - self.timer_start - sum(self.eval_seconds))
+        if (self.decaying and not self.total and self.hp.max_minutes
+                and step >= self.hp.warmup_steps
+                and self.run_steps >= self.SKIPPED_STEPS + self.MEASURED_STEPS):
+            self.follows_time = True
+            self.follow_time(step, now)
+
+    def follow_time(self, step, now):
+        """Sets the schedule's end to the step that the rate observed since the last estimate (or
+        since timing began) reaches at the deadline, capped by the step budget; every worker calls
+        it at the same step and takes the chief's end and steps to the next estimate."""
+        since, from_step, evals = self.window
+        # a clock that has not moved (only a test's can) gives no rate to divide by
+        rate = (step - from_step) / max(now - since - sum(evals), 1e-6)  # steps per second
         eval_s = float(np.mean(self.eval_seconds)) if self.eval_seconds else 0.0
-        total = steps_in_time(step, rate, self.deadline - now, eval_s,
-                              self.hp.eval_every * self.steps_per_epoch())
-        self.fix(min(total, self.step_budget()))
+        total = min(steps_in_time(step, rate, self.deadline - now, eval_s,
+                                  self.hp.eval_every * self.steps_per_epoch()),
+                    self.step_budget())
+        self.total = distributed.agree_on_total(self.sess, self.g.votes, total, self.is_chief)
+        self.next_estimate = step + distributed.agree_on_total(
+            self.sess, self.g.votes, max(1, round(self.REFIT_SECONDS * rate)), self.is_chief)
+        self.window = (now, step, [])
+        self.sess.run(self.g.set_schedule_total, {self.g.new_schedule_total: self.total})
+        moved = self.printed is None or abs(self.total - self.printed) >= (self.PRINT_CHANGE
+                                                                           * self.printed)
+        if moved:
+            self.printed = self.total
+            print("learning rate: %s decay to 0 at step %d (%.2f steps/s observed)"
+                  % (self.hp.lr_schedule, self.total, rate), flush=True)
 
 
 def steps_in_time(step, rate, seconds_left, eval_seconds, steps_between_evals):
