@@ -26,10 +26,11 @@ after a measured number of real target tokens trained) by the training budget th
   choose   for each, the target tokens it would train in the time left (tokens/s x seconds) and the dev BLEU the
            table predicts at that budget; the highest wins (scripts/recipe_table.py has the rule)
   train    the chosen flags on its data dir with --max_minutes = what is left of the budget minus
-           POST_TRAIN_MINUTES; the learning rate decays to 0 exactly when that time is up (train.py --lr_schedule
-           linear)
+           POST_TRAIN_MINUTES; the learning rate decays to 0 when that time is up (train.py --lr_schedule linear,
+           whose end follows the speed observed while training)
   test     test2016 with the last checkpoint, greedy and with beam BEAM_SIZE, length penalty LENGTH_PENALTY
-           (averaging the last checkpoints did not pay on dev once the learning rate decays to 0: docs/recipe.md)
+           (averaging the last checkpoints or decoding them as an ensemble did not pay on dev once the learning rate
+           decays to 0: docs/recipe.md)
 Then it prints a results table (the choice, BLEU, steps, epochs, tokens/s, wall time per phase and the training
 time planned, CPU, ISA flags, precision) and writes it, with the data dir trained on and what was measured and
 predicted, as JSON to LOGDIR/recipe.json. With --choose_only it stops after the choice and writes nothing but the
