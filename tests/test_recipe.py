@@ -467,25 +467,31 @@ class FakeBench:
                             0.0 if count_build else 2.0)
 
 
-def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and_predicted(tmp_path, monkeypatch,
-                                                                                           capsys):
-    commands = []
-
-    def run_phase(command, log):  # instead of prepro.py, train.py and test.py: what they leave behind
+def fake_phases(commands, logdir, train_output):
+    """recipe.run in place of prepro.py, train.py and test.py: each command goes to commands, and each phase leaves
+    behind what the recipe reads of it (train.py's output and hparams.json, test.py's BLEU: 30 + the beam size)."""
+    def run_phase(command, log):
         commands.append(command)
         if command[1] == "train.py":
             (logdir / "hparams.json").write_text('{"precision": "fp32"}', encoding="utf-8")
-            return "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\nepoch 2 | step 20 | loss 2.5 | 1200 tgt tok/s\n", 5
+            return train_output, 5
         if command[1] == "test.py":
             testdir = Path(command[command.index("--testdir") + 1])
             testdir.mkdir()
             beam = int(command[command.index("--beam_size") + 1])
             (testdir / "results.json").write_text('{"bleu": %d}' % (30 + beam), encoding="utf-8")
         return "", 1
-    monkeypatch.setattr(recipe, "run", run_phase)
+    return run_phase
+
+
+def test_the_recipe_trains_the_chosen_candidate_and_records_what_it_measured_and_predicted(tmp_path, monkeypatch,
+                                                                                           capsys):
+    commands = []
+    logdir = tmp_path / "run"
+    monkeypatch.setattr(recipe, "run", fake_phases(commands, logdir, "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\n"
+                                                                     "epoch 2 | step 20 | loss 2.5 | 1200 tgt tok/s\n"))
     monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
     monkeypatch.setattr(recipe, "Bench", FakeBench)
-    logdir = tmp_path / "run"
     code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
                                     "--logdir", logdir, "--table", write_table(tmp_path, SMALL_AND_BIG))
     assert (code, err) == (0, "")
@@ -562,27 +568,15 @@ class VocabularyBench(FakeBench):
 
 def test_the_recipe_prepares_measures_and_trains_a_candidate_of_another_vocabulary_on_its_own_data_dir(
         tmp_path, monkeypatch, capsys):
-    commands = []
-
-    def run_phase(command, log):
-        commands.append(command)
-        if command[1] == "train.py":
-            (logdir / "hparams.json").write_text('{"precision": "fp32"}', encoding="utf-8")
-            return "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\n", 5
-        if command[1] == "test.py":
-            testdir = Path(command[command.index("--testdir") + 1])
-            testdir.mkdir()
-            (testdir / "results.json").write_text('{"bleu": 30}', encoding="utf-8")
-        return "", 1
-    bench_commands = []
-    monkeypatch.setattr(recipe, "run", run_phase)
+    commands, bench_commands = [], []
+    logdir = tmp_path / "run"
+    monkeypatch.setattr(recipe, "run", fake_phases(commands, logdir, "epoch 1 | step 10 | loss 3.0 | 1000 tgt tok/s\n"))
     monkeypatch.setattr(recipe, "matmul_gflops", lambda: 100.0)
     monkeypatch.setattr(recipe, "Bench", lambda command, log: bench_commands.append(command) or VocabularyBench(
         command, log))
     monkeypatch.setattr(VocabularyBench, "measured", [])
     monkeypatch.setattr(recipe, "corpus_lengths", lambda data_dir: {"d": (8000, 14.0, 15.0),
                                                                     "d_v4000": (4000, 16.8, 18.0)}[data_dir])
-    logdir = tmp_path / "run"
     code, out, err = run_in_process(capsys, "recipe.py", recipe.main, "--minutes", "60", "--data_dir", "d",
                                     "--logdir", logdir, "--table", write_table(tmp_path, VOCABULARIES))
     assert (code, err) == (0, "")
