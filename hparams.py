@@ -154,8 +154,8 @@ class Hparams:
                            help="linear / cosine: linear warm-up, then decay to 0 at the end of "
                                 "the training budget (--max_steps, --num_epochs, or the steps that "
                                 "--max_minutes allows, estimated from the step rate observed after "
-                                "warm-up and again as it changes, and saved in the checkpoint); noam "
-                                "(Section 5.3): lr * warmup^0.5 * min(step * warmup^-1.5, "
+                                "warm-up and again as it changes, and saved in the checkpoint); "
+                                "noam (Section 5.3): lr * warmup^0.5 * min(step * warmup^-1.5, "
                                 "step^-0.5), no end; "
                                 "noam_cooldown: noam, then linear decay to 0 over the last "
                                 "--cooldown_fraction of the budget")
