@@ -33,18 +33,8 @@ def smoothed_cross_entropy(logits, labels, logit_means, epsilon=0.1):
 def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk_rows=256,
                 fused_kernels=False):
     """Summed smoothed_cross_entropy of the output logits hidden @ embeddings^T (Sections 3.4 and
-    5.4), computed chunk_rows rows at a time together with its gradient.
+    5.4), computed chunk_rows rows at a time together with its gradient (chunked_loss).
 
-    The (M, V) logits and their softmax are a training step's largest tensors. Here at most
-    (chunk_rows, V) of them exist at once: each chunk's softmax is multiplied into the gradients of
-    hidden and embeddings in the forward pass, and the backward pass only scales those by the
-    upstream gradient. The rest of the logits' gradient, -(1 - epsilon) one_hot(y) - epsilon / V, is
-    added to those gradients directly: -(1 - epsilon) W_y - epsilon mean_v(W_v) for each row of
-    hidden, and -(1 - epsilon) h_i to row y_i of the embeddings' gradient for every token i,
-    -epsilon / V sum_i h_i to each of its rows. Each row's mean logit is h_i . mean_v(W_v). The rows
-    are padded with zeros to a multiple of chunk_rows, so every chunk has one shape whatever M is
-    (oneDNN builds kernels per shape); zero rows add nothing to the embeddings' gradient and their
-    losses are left out of the sum.
     hidden: (M, d_model) float32, decoder outputs of the M target tokens scored. embeddings: (V,
     d_model) float32, the output projection W. labels: (M,) int32. dtype: of the matrix products
     (bfloat16 or float16 for mixed precision). fused_kernels: with a 16-bit dtype, each chunk's
@@ -53,9 +43,81 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
     in one pass (kernels.accumulate); in any dtype, the labels' rows added into that sum in place
     (kernels.scatter_add_rows). Returns the sum of the M losses, a float32 scalar.
     """
-    d_model = hidden.shape[-1]
     # in float32, oneDNN's softmax is as fast without casts
     fused = fused_kernels and dtype != tf.float32
+
+    def chunk_loss(logits, chunk_labels, logit_means):
+        if fused:
+            return kernels.smoothed_cross_entropy(logits, chunk_labels, logit_means, epsilon)
+        losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32), chunk_labels,
+                                               logit_means, epsilon)
+        return losses, tf.cast(probs, dtype)
+    return chunked_loss(hidden, embeddings, labels, chunk_loss, epsilon, dtype, chunk_rows,
+                        fused_kernels)
+
+
+def rdrop_output_loss(hidden1, hidden2, embeddings, labels, alpha, epsilon=0.1,
+                      dtype=tf.float32, chunk_rows=256, fused_kernels=False):
+    """R-Drop's output-layer loss (Liang et al., 2021, Eq. 3), summed over M tokens scored twice:
+    CE(p1) + CE(p2) + alpha KL_sym(p1, p2) per token, with p1 and p2 the softmax of the two
+    passes' logits, CE smoothed_cross_entropy and KL_sym = (KL(p1 || p2) + KL(p2 || p1)) / 2
+    (model.symmetric_kl), computed chunk_rows rows at a time like output_loss: the two passes'
+    rows of a token sit side by side, so that a chunk holds both and the logits are made once.
+
+    With l = log p, d = l1 - l2 and KL12 = KL(p1 || p2), KL21 = KL(p2 || p1), the KL term's
+    gradient is d KL_sym / d logits1 = (p1 (d - KL12) + p1 - p2) / 2, and the same with the
+    passes swapped for logits2; it joins the softmax part of the cross entropy's gradient.
+    hidden1, hidden2: (M, d_model) float32, the two passes' decoder outputs. labels: (M,) int32.
+    alpha: a Python float. The rest as in output_loss (here the softmax is always TensorFlow's, in
+    float32). Returns the sum, a float32 scalar.
+    """
+    d_model = hidden1.shape[-1]
+    # (2M, d_model): token i's passes in rows 2i and 2i + 1
+    pairs = tf.reshape(tf.stack([hidden1, hidden2], axis=1), [-1, d_model])
+
+    def chunk_loss(logits, chunk_labels, logit_means):  # logits: (chunk_rows, V)
+        logits = tf.cast(logits, tf.float32)
+        losses, probs = smoothed_cross_entropy(logits, chunk_labels, logit_means, epsilon)
+        vocab_size = logits.shape[-1]
+        log_probs = tf.reshape(tf.nn.log_softmax(logits), [-1, 2, vocab_size])  # (pairs, 2, V)
+        probs = tf.reshape(probs, [-1, 2, vocab_size])
+        d = log_probs[:, 0] - log_probs[:, 1]  # (pairs, V)
+        kl12 = tf.reduce_sum(probs[:, 0] * d, axis=-1, keepdims=True)  # (pairs, 1)
+        kl21 = -tf.reduce_sum(probs[:, 1] * d, axis=-1, keepdims=True)
+        difference = probs[:, 0] - probs[:, 1]
+        kl_grads = tf.stack([probs[:, 0] * (d - kl12) + difference,
+                             probs[:, 1] * (-d - kl21) - difference], axis=1) / 2  # (pairs, 2, V)
+        # the pair's KL term on its first row
+        kl = tf.stack([(kl12 + kl21)[:, 0] / 2, tf.zeros_like(kl12[:, 0])], axis=1)  # (pairs, 2)
+        grads = tf.reshape(probs + alpha * kl_grads, [-1, vocab_size])
+        return losses + alpha * tf.reshape(kl, [-1]), tf.cast(grads, dtype)
+    return chunked_loss(pairs, embeddings, tf.repeat(labels, 2), chunk_loss, epsilon, dtype,
+                        chunk_rows, fused_kernels)
+
+
+def chunked_loss(hidden, embeddings, labels, chunk_loss, epsilon, dtype, chunk_rows,
+                 fused_kernels):
+    """The sum of chunk_loss's losses over the output logits hidden @ embeddings^T, computed
+    chunk_rows rows at a time together with its gradient.
+
+    The (M, V) logits and their softmax are a training step's largest tensors. Here at most
+    (chunk_rows, V) of them exist at once: chunk_loss(logits (chunk_rows, V) in dtype, labels,
+    logit means) returns the chunk's losses (chunk_rows,) float32 and the part of their gradient
+    d losses / d logits that is not the smoothed one-hot target's (for the cross entropy, p) in
+    dtype, which is multiplied into the gradients of hidden and embeddings in the forward pass; the
+    backward pass only scales those by the upstream gradient. The target's part, -(1 - epsilon)
+    one_hot(y) - epsilon / V, is added to those gradients directly: -(1 - epsilon) W_y - epsilon
+    mean_v(W_v) for each row of hidden, and -(1 - epsilon) h_i to row y_i of the embeddings'
+    gradient for every token i, -epsilon / V sum_i h_i to each of its rows. Each row's mean logit
+    is h_i . mean_v(W_v). The rows are padded with zeros to a multiple of chunk_rows, so every
+    chunk has one shape whatever M is (oneDNN builds kernels per shape); zero rows add nothing to
+    the embeddings' gradient and their losses are left out of the sum.
+    fused_kernels: with a 16-bit dtype, each chunk's embedding gradient added to the float32 sum in
+    one pass (kernels.accumulate); in any dtype, the labels' rows added into that sum in place
+    (kernels.scatter_add_rows). Returns a float32 scalar.
+    """
+    d_model = hidden.shape[-1]
+    accumulate = fused_kernels and dtype != tf.float32
     rows = tf.shape(hidden)[0]
     padding = -rows % chunk_rows
     real_rows = tf.range(rows + padding) < rows  # (M + padding,)
@@ -71,18 +133,12 @@ def output_loss(hidden, embeddings, labels, epsilon=0.1, dtype=tf.float32, chunk
         def body(start, losses, hidden_grads, embedding_grads):
             chunk = tf.cast(hidden[start:start + chunk_rows], dtype)  # (chunk_rows, d_model)
             logits = tf.matmul(chunk, weights, transpose_b=True)  # (chunk_rows, V) in dtype
-            chunk_labels, chunk_means = labels[start:start + chunk_rows], logit_means[start:start
-                                                                                      + chunk_rows]
-            if fused:
-                chunk_losses, probs = kernels.smoothed_cross_entropy(logits, chunk_labels,
-                                                                     chunk_means, epsilon)
-            else:
-                chunk_losses, probs = smoothed_cross_entropy(tf.cast(logits, tf.float32),
-                                                             chunk_labels, chunk_means, epsilon)
-                probs = tf.cast(probs, dtype)  # (chunk_rows, V)
-            chunk_grads = tf.cast(tf.matmul(probs, weights), tf.float32)  # (chunk_rows, d_model)
-            product = tf.matmul(probs, chunk, transpose_a=True)  # (V, d_model) in dtype
-            embedding_grads = (kernels.accumulate(embedding_grads, product) if fused
+            chunk_losses, logit_grads = chunk_loss(logits, labels[start:start + chunk_rows],
+                                                   logit_means[start:start + chunk_rows])
+            # (chunk_rows, d_model)
+            chunk_grads = tf.cast(tf.matmul(logit_grads, weights), tf.float32)
+            product = tf.matmul(logit_grads, chunk, transpose_a=True)  # (V, d_model) in dtype
+            embedding_grads = (kernels.accumulate(embedding_grads, product) if accumulate
                                else embedding_grads + tf.cast(product, tf.float32))
             index = start // chunk_rows
             return (start + chunk_rows, losses.write(index, chunk_losses),

@@ -19,8 +19,8 @@ from fast.kernels import OnePassAdam, embedding_dropout, scatter_add_rows
 from fast.layers import (affine, cross_attention, dense, dropout, ff, fused_dense_variables,
                          fused_heads, head_biases, key_biases, ln, scaled_dot_product_attention,
                          self_attention, sublayer_input, sublayer_output)
-from fast.loss import output_loss
-from model import Transformer, symmetric_kl, twice
+from fast.loss import output_loss, rdrop_output_loss
+from model import Transformer, twice
 from modules import get_token_embeddings, positional_encoding
 from toolkit.base.ids import PAD_ID
 
@@ -199,26 +199,22 @@ class FastTransformer(Transformer):
 
     def rdrop_loss(self, xs, ys):
         """R-Drop as model.Transformer.rdrop_loss states it (the paper's loss halved): the 2N rows
-        in one pass, the two passes' cross entropy summed by loss.output_loss over their 2M non-pad
-        tokens and halved, and the symmetric KL of their (M, V) logits (built here, unlike the
-        cross entropy's: model.symmetric_kl, differentiated by TensorFlow) added times alpha / 2.
-        Returns the summed loss, the M tokens (counted once) and the first pass's cross-attention
-        (N, h, T2, T1)."""
+        in one pass, and the two passes' cross entropy and symmetric KL summed over their M
+        non-pad tokens by loss.rdrop_output_loss, which makes each token's two rows of logits once,
+        a chunk of rows at a time, then halved. Returns the summed loss, the M tokens (counted
+        once) and the first pass's cross-attention (N, h, T2, T1)."""
         n = tf.shape(ys.y)[0]
         memory, src_masks = self.encode(twice(xs))
         decoder_input, y, _ = twice(ys)
         # (2N, T2, d_model)
         dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)
-        nonpadding = tf.not_equal(y, PAD_ID)  # (2N, T2)
-        hidden = tf.boolean_mask(dec, nonpadding)  # (2M, d_model): the first pass's M rows first
-        cross_entropy = output_loss(hidden, self.embeddings, tf.boolean_mask(y, nonpadding),
-                                    self.config.smoothing, self.dtype,
-                                    fused_kernels=self.fused_kernels)
-        tokens = tf.reduce_sum(tf.cast(nonpadding[:n], tf.float32))
-        logits = self._logits(hidden)  # (2M, V)
-        m = tf.shape(hidden)[0] // 2
-        kl = tf.reduce_sum(symmetric_kl(logits[:m], logits[m:]))
-        return (cross_entropy + self.config.rdrop * kl) / 2, tokens, attention[:n]
+        nonpadding = tf.not_equal(y[:n], PAD_ID)  # (N, T2): the same in both passes
+        loss_sum = rdrop_output_loss(tf.boolean_mask(dec[:n], nonpadding),
+                                     tf.boolean_mask(dec[n:], nonpadding), self.embeddings,
+                                     tf.boolean_mask(y[:n], nonpadding), self.config.rdrop,
+                                     self.config.smoothing, self.dtype,
+                                     fused_kernels=self.fused_kernels)
+        return loss_sum / 2, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention[:n]
 
     # ------------------------------------------------------ one position at a time, for decoding.py
     def _project_memory(self, memory):

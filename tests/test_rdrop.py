@@ -9,6 +9,7 @@ import fast.model
 import model
 import train
 from fast import build_transformer
+from fast.loss import rdrop_output_loss
 from in_process import run_in_process
 from model import ModelConfig, symmetric_kl
 from model_fixtures import Placeholders, fused_kernels, random_ids, small_hp, train_step
@@ -65,14 +66,20 @@ def test_the_symmetric_kl_against_hand_computed_values():
 
 def rdrop_run(hp, x, y, monkeypatch):
     """The R-Drop loss sum of hp's model on the batch x, y, and the logits of the two passes that
-    went into its KL term (recorded from symmetric_kl's arguments), in one session run."""
+    went into its KL term, in one session run: on the reference path symmetric_kl's arguments, on
+    the fast path the two passes' rows given to rdrop_output_loss times the output projection."""
     recorded = []
 
-    def recording(logits1, logits2):
+    def recording_kl(logits1, logits2):
         recorded.extend([logits1, logits2])
         return symmetric_kl(logits1, logits2)
-    monkeypatch.setattr(model, "symmetric_kl", recording)
-    monkeypatch.setattr(fast.model, "symmetric_kl", recording)
+
+    def recording_loss(hidden1, hidden2, embeddings, *args, **kwargs):
+        recorded.extend(tf.matmul(hidden, embeddings, transpose_b=True)
+                        for hidden in (hidden1, hidden2))
+        return rdrop_output_loss(hidden1, hidden2, embeddings, *args, **kwargs)
+    monkeypatch.setattr(model, "symmetric_kl", recording_kl)
+    monkeypatch.setattr(fast.model, "rdrop_output_loss", recording_loss)
     with tf.Graph().as_default():
         tf1.set_random_seed(0)
         ph = Placeholders()
@@ -99,6 +106,33 @@ def test_the_loss_is_the_formula_on_the_two_passes_logits(impl, kernels, monkeyp
     assert numpy_symmetric_kl(logits1, logits2).mean() > 1e-3  # two different masks
     np.testing.assert_allclose(loss_sum, numpy_rdrop_sum(logits1, logits2, labels, 2.0),
                                rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, chunk_rows", [(7, 4), (6, 4), (2, 8)])
+def test_the_chunked_loss_and_its_gradients_equal_the_formula_differentiated(rows, chunk_rows):
+    """rdrop_output_loss (the fast path's, with its gradient written out) against the formula on
+    the full logits, differentiated by TensorFlow: two different passes, so that the KL term's
+    gradient counts; rows that fill the chunks and rows that leave padding."""
+    rng = np.random.RandomState(rows)
+    hidden1, hidden2 = rng.randn(2, rows, 6).astype(np.float32)
+    embeddings = rng.randn(9, 6).astype(np.float32)
+    labels = rng.randint(0, 9, rows).astype(np.int32)
+    targets = (1 - EPSILON) * np.eye(9, dtype=np.float32)[labels] + EPSILON / 9
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        h1, h2, e = (tf.constant(a) for a in (hidden1, hidden2, embeddings))
+        chunked = 3.0 * rdrop_output_loss(h1, h2, e, tf.constant(labels), 2.0, EPSILON,
+                                          chunk_rows=chunk_rows)  # upstream gradient 3
+        logits1, logits2 = (tf.matmul(h, e, transpose_b=True) for h in (h1, h2))
+        cross_entropy = sum(tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+                            for logits in (logits1, logits2))
+        formula = 3.0 * tf.reduce_sum(cross_entropy + 2.0 * symmetric_kl(logits1, logits2))
+        (chunked, chunked_grads), (formula, formula_grads) = sess.run(
+            [(loss, tf.gradients(loss, [h1, h2, e])) for loss in (chunked, formula)])
+    numpy_sum = numpy_rdrop_sum(hidden1 @ embeddings.T, hidden2 @ embeddings.T, labels, 2.0)
+    assert formula == pytest.approx(2 * 3.0 * numpy_sum, rel=1e-5)  # numpy's is halved
+    np.testing.assert_allclose(chunked, formula, rtol=1e-5)
+    for chunked_grad, formula_grad in zip(chunked_grads, formula_grads):
+        np.testing.assert_allclose(chunked_grad, formula_grad, atol=1e-5)
 
 
 def loss_and_gradients(hps, x, y):
