@@ -5,10 +5,11 @@
 Reports real (non-pad) source and target tokens/s (median over the timed steps, after warm-up; for the target
 side also the mean, total tokens over total time, and the epoch's: its mean real target tokens per batch over the
 median step time, which does not depend on which batches were timed), real tokens per sentence, the padding
-fraction, step time, graph build time, peak RSS, model FLOPs per step counted from the model's shapes
-(scripts/model_flops.py: forward and backward, both passes of the rows under --rdrop, whose tokens count once), and
-their ratio to a 2048x2048 fp32 matmul's FLOP/s measured here (mfu); with bf16 or fp16 products also the same matmul
-in that dtype and the ratio to it (mfu_bf16). The last line is one JSON object.
+fraction, step time (a batch's; under --accum_steps N with a 1/N share of applying the summed gradients), graph
+build time, peak RSS, model FLOPs per step counted from the model's shapes (scripts/model_flops.py: forward and
+backward, both passes of the rows under --rdrop, whose tokens count once), and their ratio to a 2048x2048 fp32
+matmul's FLOP/s measured here (mfu); with bf16 or fp16 products also the same matmul in that dtype and the ratio to
+it (mfu_bf16). The last line is one JSON object.
 
 The JSON also names the machine: CPU model, its ISA flags (avx2, avx512f, avx512_bf16, amx_bf16), the
 ONEDNN_MAX_CPU_ISA cap if set, and the ISA oneDNN reports using. With --profile K it traces K more steps and adds
@@ -141,22 +142,26 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
         if args.batches:  # the same few batches over and over: after their first pass every step is timed
             batches = batches.take(args.batches).cache()
         xs, ys = tf1.data.make_one_shot_iterator(batches.repeat()).get_next()
-        train_op = build_step(hp, xs, ys, distributed.make_cluster(hp, config)).batch["update"]
+        step = build_step(hp, xs, ys, distributed.make_cluster(hp, config))
+        train_op = step.batch["update"]
         shapes = [tf.shape(xs.x), tf.shape(ys.y), tf.reduce_sum(xs.x_seqlen), tf.reduce_sum(ys.y_seqlen)]
-        init = tf1.global_variables_initializer()
+        # the local variables: --accum_steps's accumulators
+        init = tf1.group(tf1.global_variables_initializer(), tf1.local_variables_initializer())
     graph_build_s = time.time() - start
     built(graph_build_s)
     with tf1.Session(graph=graph, config=config) as sess:
         sess.run(init)
-        seen = set()
-        for _ in range(args.warmup):
+        seen, apply_seconds = set(), []
+        for batches in range(1, args.warmup + 1):
             _, (n, t1), (_, t2) = sess.run([train_op] + shapes[:2])
             seen.add((n, t1, t2))
+            apply_if_due(sess, step, batches, apply_seconds)
         steps, new_shape_seconds = [], []
         while len(steps) < args.steps and len(steps) + len(new_shape_seconds) < args.max_steps:
             t = time.perf_counter()
             _, (n, t1), (_, t2), real1, real2 = sess.run([train_op] + shapes)
             seconds = time.perf_counter() - t
+            apply_if_due(sess, step, args.warmup + len(steps) + len(new_shape_seconds) + 1, apply_seconds)
             if (n, t1, t2) in seen:
                 steps.append((seconds, n, t1, t2, real1, real2))
             else:
@@ -167,6 +172,8 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
         raise UserError("no step of the %d after warm-up came on a batch shape seen before, so none was timed: "
                         "raise --max_steps" % len(new_shape_seconds))
     seconds, n, t1, t2, real1, real2 = (np.array(c, np.float64) for c in zip(*steps))
+    if apply_seconds:  # each batch's share of applying the accumulated gradients
+        seconds += np.median(apply_seconds) / hp.accum_steps
     flops = np.array([training_flops(hp, *s) for s in zip(n, t1, t2, real2)])
     step_s = float(np.median(seconds))
     epoch_tokens_per_step = int(pairs_of(0)[0].lengths2.sum()) / num_batches(0)  # every pair is in a batch
@@ -201,6 +208,15 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
     return result
 
 
+def apply_if_due(sess, step, batches, apply_seconds):
+    """Under --accum_steps N, after every N-th batch (batches: how many ran): applies the accumulated
+    gradients (step.apply, as train.py does) and appends the seconds it took to apply_seconds."""
+    if step.apply is not None and batches % step.accum_steps == 0:
+        start = time.perf_counter()
+        sess.run(step.apply, {step.write_summaries: False})
+        apply_seconds.append(time.perf_counter() - start)
+
+
 def print_json(value):
     print(json.dumps(value), flush=True)
 
@@ -208,14 +224,16 @@ def print_json(value):
 def measure_each_from_stdin(common_flags, args):
     """--flags_from_stdin: for each line of stdin (a JSON list of train.py flags, added to common_flags) as it
     comes, one JSON line once its graph is built ({"graph_build_s": seconds}), then its result without the matmul
-    readings (the speeds are what is wanted, at once), or {"error": why} when its measurement is refused (flags
-    train.py refuses end the process, as without --flags_from_stdin). Ends at the end of stdin."""
+    readings (the speeds are what is wanted, at once), or {"error": why} when its measurement is refused or its
+    graph fails to run (flags train.py refuses end the process, as without --flags_from_stdin). Ends at the end of stdin."""
     for line in iter(sys.stdin.readline, ""):
         try:
             hp, manifest = resolve_hparams(common_flags + json.loads(line))
             result = measure(hp, manifest, args, built=lambda s: print_json({"graph_build_s": round(s, 2)}))
         except UserError as error:
             result = {"error": str(error)}
+        except tf.errors.OpError as error:  # one model's failure ends only its own measurement
+            result = {"error": "%s: %s" % (type(error).__name__, error.message.strip().splitlines()[0])}
         print_json(result)
 
 

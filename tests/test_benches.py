@@ -1,5 +1,6 @@
 """The benchmarks in scripts/ run against the current code and report figures that agree with each other (their
 speed itself is measured by running them, never asserted here)."""
+import io
 import json
 import os
 import sys
@@ -100,6 +101,28 @@ def test_bench_train_says_to_raise_max_steps_when_no_step_was_timed(small_number
         bench_train.main(["--data_dir", small_numbers_dir, "--steps", "1", "--warmup", "0", "--max_steps", "1"] + TINY)
     assert str(error.value) == ("no step of the 1 after warm-up came on a batch shape seen before, so none was "
                                 "timed: raise --max_steps")
+
+
+def test_flags_from_stdin_measures_accumulation_and_goes_on_after_a_model_that_fails(small_numbers_dir, capsys,
+                                                                                     monkeypatch):
+    """A model under --accum_steps is measured (its accumulators initialised, its gradients applied every
+    other batch); a model whose graph fails when run gets its error, and the models after it are measured."""
+    real_measure = bench_train.measure
+
+    def measure(hp, *args, **kwargs):
+        if hp.dropout_rate == 0.3:
+            raise tf.errors.InternalError(None, None, "a kernel failed\nwith its details")
+        return real_measure(hp, *args, **kwargs)
+    monkeypatch.setattr(bench_train, "measure", measure)
+    lines = [["--accum_steps", "2"], ["--dropout_rate", "0.3"], []]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(line) + "\n" for line in lines)))
+    bench_train.main(["--data_dir", small_numbers_dir, "--steps", "2", "--warmup", "2", "--max_steps", "20",
+                      "--batches", "2", "--precision", "fp32", "--flags_from_stdin"] + TINY)
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    results = [result for result in printed if result.keys() != {"graph_build_s"}]
+    assert len(results) == 3 and results[1] == {"error": "InternalError: a kernel failed"}
+    for result in (results[0], results[2]):
+        assert result["timed_steps"] == 2 and result["epoch_tgt_tokens_per_s"] > 0
 
 
 def test_bench_iterator_times_every_switch_between_training_and_dev_data(small_numbers_dir, capsys):
