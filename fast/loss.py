@@ -68,8 +68,8 @@ def rdrop_output_loss(hidden1, hidden2, embeddings, labels, alpha, epsilon=0.1,
     gradient is d KL_sym / d logits1 = (p1 (d - KL12) + p1 - p2) / 2, and the same with the
     passes swapped for logits2; it joins the softmax part of the cross entropy's gradient.
     hidden1, hidden2: (M, d_model) float32, the two passes' decoder outputs. labels: (M,) int32.
-    alpha: a Python float. The rest as in output_loss (here the softmax is always TensorFlow's, in
-    float32). Returns the sum, a float32 scalar.
+    alpha: a Python float. chunk_rows: even. The rest as in output_loss (here the softmax is always
+    TensorFlow's, in float32). Returns the sum, a float32 scalar.
     """
     d_model = hidden1.shape[-1]
     # (2M, d_model): token i's passes in rows 2i and 2i + 1
