@@ -39,6 +39,8 @@ MARKED_BUDGETS = ((5.7e6, "2-core AVX2 hour, fp32"), (19.2e6, "2-core AMX hour, 
 def plot(table, path):
     """Writes the PNG of dev BLEU against target tokens to path."""
     figure, axes = plt.subplots(figsize=(10, 5))
+    # 20 colours: more candidates than the default cycle's 10, so that no two share one
+    axes.set_prop_cycle(color=plt.get_cmap("tab20").colors)
     largest = max([run["target_tokens"] for run in table["runs"]] + [budget for budget, _ in MARKED_BUDGETS])
     for name in recipe_table.candidate_names(table):
         runs = recipe_table.runs_of(table, name)
@@ -57,6 +59,7 @@ def plot(table, path):
     millions = matplotlib.ticker.FuncFormatter(lambda tokens, _: "%g M" % (tokens / 1e6))
     axes.xaxis.set_major_formatter(millions)
     axes.xaxis.set_minor_formatter(millions)
+    axes.tick_params(axis="x", which="major", labelsize=7)  # as the minor ones, between which it sits
     axes.tick_params(axis="x", which="minor", labelsize=7)
     axes.set_xlabel("real (non-pad) target tokens trained")
     axes.set_ylabel("dev BLEU (greedy, last checkpoint)")
