@@ -18,7 +18,8 @@ after a measured number of real target tokens trained) by the training budget th
            steady-state steps after MEASURE_WARMUP untimed ones, in one scripts/bench_train.py process (one graph
            per candidate, on its own data dir): the first candidate first; then each other one whose dev BLEU the
            table can predict at ESTIMATE_SLACK x the target tokens estimated for it from the first one's speed
-           (training FLOPs per token, R-Drop's two passes counted), as no other could be chosen. All of it within
+           (training FLOPs per token, R-Drop's two passes counted), as no other could be chosen, the highest
+           prediction at that estimate first (the likely choice is measured, not estimated). All of it within
            MEASURE_SHARE of the budget plus the first graph build. A candidate not measured by then (or whose
            measuring failed) has its speed estimated: from the first one's by training FLOPs per token, or when
            none was measured, from a 2048^2 matmul read here at MATMUL_SHARE of its FLOP/s. Skipped when the
@@ -41,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import queue
 import re
@@ -333,9 +335,9 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
     each candidate's flags name its own data dir (measured_flags).
 
     The first is measured first, its graph build not counted: its Speed is the reference of estimate_tokens(name,
-    first's Speed), the target tokens another candidate would train here (None: no estimate). Another candidate is
-    measured only when the table can predict its dev BLEU at ESTIMATE_SLACK times that estimate: else measuring it
-    could not change the choice. Candidates without measured runs are never measured but the first. Those that
+    first's Speed), the target tokens another candidate would train here (None: no estimate). The others follow
+    most_promising_first. Another candidate is measured only when the table can predict its dev BLEU at
+    ESTIMATE_SLACK times that estimate: else measuring it could not change the choice. Candidates without measured runs are never measured but the first. Those that
     could have been measured but were not (out of time, or a failed measurement) are estimated (estimate_unmeasured).
     """
     def flags(name):
@@ -343,8 +345,9 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
     start = clock()
     first = measure(flags(names[0]), allowance, False)
     speeds, allowance = {names[0]: first}, allowance + first.uncounted_s
-    for name in names[1:]:
-        runs, estimate = recipe_table.runs_of(table, name), estimate_tokens(name, first)
+    estimates = {name: estimate_tokens(name, first) for name in names[1:]}
+    for name in most_promising_first(table, names[1:], estimates):
+        runs, estimate = recipe_table.runs_of(table, name), estimates[name]
         if not runs:
             speeds[name] = Speed(None, "not measured: no measured runs in the table")
         elif estimate is not None and recipe_table.predict_at(table, name, ESTIMATE_SLACK * estimate).bleu is None:
@@ -356,6 +359,16 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
         else:
             speeds[name] = measure(flags(name), allowance - (clock() - start), True)
     return speeds
+
+
+def most_promising_first(table, names, estimates):
+    """names in the order to measure them while the allowance lasts: by the dev BLEU the table predicts for
+    each at its estimated target tokens (estimates {name: tokens or None}), highest first, so that the likely
+    choice is measured rather than estimated; those without a prediction after them, in the table's order."""
+    def rank(name):  # a sort key: the negated predicted BLEU
+        bleu = None if estimates[name] is None else recipe_table.predict_at(table, name, estimates[name]).bleu
+        return math.inf if bleu is None else -bleu
+    return sorted(names, key=rank)
 
 
 def estimate_unmeasured(speeds, names, estimate_speed):

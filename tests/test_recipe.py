@@ -252,6 +252,34 @@ def test_a_candidate_is_measured_only_when_the_table_can_predict_it_at_the_budge
     assert [d_model for d_model, _, _ in measure.calls] == ["256", "512"]
 
 
+def test_the_candidates_predicted_highest_are_measured_first_and_the_allowance_leaves_out_the_rest():
+    # mid, big and last (listed last) learn alike, last highest; empty has no runs and no prediction
+    table = make_table([run(name, 1e6, bleu - 2) for name, bleu in (("mid", 30.0), ("big", 34.0),
+                                                                     ("last", 36.0))]
+                       + [run(name, 1e7, bleu + 3) for name, bleu in (("mid", 30.0), ("big", 34.0),
+                                                                      ("last", 36.0))],
+                       names=("small", "empty", "mid", "big", "last"))
+    for candidate, d_model in zip(table["candidates"], ("256", "320", "384", "512", "640")):
+        candidate["flags"] = ["--d_model", d_model]
+    estimates = {"empty": 5e6, "mid": 5.5e6, "big": 5.5e6, "last": 5.5e6}
+    mid, big, last = (recipe_table.predict_at(table, name, 5.5e6).bleu for name in ("mid", "big", "last"))
+    assert mid < big < last
+    assert recipe.most_promising_first(table, ["empty", "mid", "big", "last"], estimates) == [
+        "last", "big", "mid", "empty"]
+    # without estimates, the table's order
+    assert recipe.most_promising_first(table, ["mid", "big", "last"], dict.fromkeys(estimates)) == [
+        "mid", "big", "last"]
+    # allowance 9 s, 10 with the first's build (1 s, not counted): the first steps 1 s, last and big build and
+    # step 4 s each, and nothing is left for mid
+    steps = {"256": 1, "320": 1, "384": 3, "512": 3, "640": 3}
+    measure = FakeMeasure(dict.fromkeys(steps, 1), steps)
+    speeds = recipe.measure_speeds(table, ["small", "empty", "mid", "big", "last"], 9, measure,
+                                   lambda name, first: estimates[name], clock=lambda: measure.now)
+    assert [d_model for d_model, _, _ in measure.calls] == ["256", "640", "512"]
+    assert speeds["mid"].note == recipe.OUT_OF_TIME
+    assert (speeds["last"].tokens_per_s, speeds["big"].tokens_per_s) == (640.0, 512.0)
+
+
 def test_the_allowance_cuts_measuring_and_the_first_graph_build_is_not_counted():
     table = make_table([run(name, 1e6, 30.0) for name in ("small", "mid", "big", "last")],
                        names=("small", "mid", "big", "last"))
