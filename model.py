@@ -72,10 +72,8 @@ class ModelConfig:
     def from_flags(cls, hp):
         """The config of resolved flags hp (hparams.py; precision already resolved, not "auto"). An
         attention_dropout of None (not given, or a model trained before the flag
-        existed) is dropout_rate; an rdrop absent (a model trained before --rdrop) is 0."""
-        values = {field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)
-                  if field.name != "rdrop"}
-        values["rdrop"] = getattr(hp, "rdrop", 0.0)
+        existed) is dropout_rate."""
+        values = {field.name: getattr(hp, field.name) for field in dataclasses.fields(cls)}
         if values["attention_dropout"] is None:
             values["attention_dropout"] = values["dropout_rate"]
         return cls(**values)

@@ -205,13 +205,13 @@ class FastTransformer(Transformer):
         once) and the first pass's cross-attention (N, h, T2, T1)."""
         n = tf.shape(ys.y)[0]
         memory, src_masks = self.encode(twice(xs))
-        decoder_input, y, _ = twice(ys)
         # (2N, T2, d_model)
-        dec, attention = self._decoder_stack(decoder_input, memory, src_masks, training=True)
-        nonpadding = tf.not_equal(y[:n], PAD_ID)  # (N, T2): the same in both passes
+        dec, attention = self._decoder_stack(twice(ys).decoder_input, memory, src_masks,
+                                             training=True)
+        nonpadding = tf.not_equal(ys.y, PAD_ID)  # (N, T2): the same in both passes
         loss_sum = rdrop_output_loss(tf.boolean_mask(dec[:n], nonpadding),
                                      tf.boolean_mask(dec[n:], nonpadding), self.embeddings,
-                                     tf.boolean_mask(y[:n], nonpadding), self.config.rdrop,
+                                     tf.boolean_mask(ys.y, nonpadding), self.config.rdrop,
                                      self.config.smoothing, self.dtype,
                                      fused_kernels=self.fused_kernels)
         return loss_sum / 2, tf.reduce_sum(tf.cast(nonpadding, tf.float32)), attention[:n]

@@ -151,17 +151,19 @@ def measure(hp, manifest, args, matmuls=None, built=lambda seconds: None):
     built(graph_build_s)
     with tf1.Session(graph=graph, config=config) as sess:
         sess.run(init)
-        seen, apply_seconds = set(), []
-        for batches in range(1, args.warmup + 1):
+        seen, apply_seconds, batches = set(), [], 0
+        for _ in range(args.warmup):
             _, (n, t1), (_, t2) = sess.run([train_op] + shapes[:2])
             seen.add((n, t1, t2))
+            batches += 1
             apply_if_due(sess, step, batches, apply_seconds)
         steps, new_shape_seconds = [], []
         while len(steps) < args.steps and len(steps) + len(new_shape_seconds) < args.max_steps:
             t = time.perf_counter()
             _, (n, t1), (_, t2), real1, real2 = sess.run([train_op] + shapes)
             seconds = time.perf_counter() - t
-            apply_if_due(sess, step, args.warmup + len(steps) + len(new_shape_seconds) + 1, apply_seconds)
+            batches += 1
+            apply_if_due(sess, step, batches, apply_seconds)
             if (n, t1, t2) in seen:
                 steps.append((seconds, n, t1, t2, real1, real2))
             else:

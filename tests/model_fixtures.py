@@ -21,7 +21,7 @@ TINY_MODEL_MAXLEN1 = 20
 
 SMALL = dict(vocab_size=40, d_model=32, d_ff=64, num_blocks=2, num_heads=4, dropout_rate=0.0, attention_dropout=None,
              relu_dropout=0.0, norm_type="post", smoothing=0.0, lr=3e-3, lr_schedule="noam", warmup_steps=50,
-             impl="fast", precision="fp32", kernels="tf", accum_steps=1)
+             impl="fast", precision="fp32", kernels="tf", accum_steps=1, rdrop=0.0)
 
 
 def small_hp(**overrides):
