@@ -1,3 +1,3 @@
 """The toolkit's version, bumped per release (CHANGELOG.md names what each version changed)."""
 
-__version__ = "2.9.1"
+__version__ = "2.9.2"
