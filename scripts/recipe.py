@@ -337,8 +337,9 @@ def measure_speeds(table, names, allowance, measure, estimate_tokens, clock=time
     The first is measured first, its graph build not counted: its Speed is the reference of estimate_tokens(name,
     first's Speed), the target tokens another candidate would train here (None: no estimate). The others follow
     most_promising_first. Another candidate is measured only when the table can predict its dev BLEU at
-    ESTIMATE_SLACK times that estimate: else measuring it could not change the choice. Candidates without measured runs are never measured but the first. Those that
-    could have been measured but were not (out of time, or a failed measurement) are estimated (estimate_unmeasured).
+    ESTIMATE_SLACK times that estimate: else measuring it could not change the choice. Candidates without measured
+    runs are never measured but the first. Those that could have been measured but were not (out of time, or a
+    failed measurement) are estimated (estimate_unmeasured).
     """
     def flags(name):
         return measured_flags(table, name, data_dir) if data_dir else recipe_table.train_flags(table, name)
