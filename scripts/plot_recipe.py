@@ -59,8 +59,7 @@ def plot(table, path):
     millions = matplotlib.ticker.FuncFormatter(lambda tokens, _: "%g M" % (tokens / 1e6))
     axes.xaxis.set_major_formatter(millions)
     axes.xaxis.set_minor_formatter(millions)
-    axes.tick_params(axis="x", which="major", labelsize=7)  # as the minor ones, between which it sits
-    axes.tick_params(axis="x", which="minor", labelsize=7)
+    axes.tick_params(axis="x", which="both", labelsize=7)  # a major label sits between minor ones
     axes.set_xlabel("real (non-pad) target tokens trained")
     axes.set_ylabel("dev BLEU (greedy, last checkpoint)")
     axes.set_title("Multi30k de-en: dev BLEU against the training budget")
